@@ -1,0 +1,1 @@
+"""The FastAPI service (see issue: service). It only adapts HTTP to traceguard functions."""

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""Time ``traceguard analyze`` against the reference tools on scaled captures, in one run.
+
+    python bench/run_bench.py --nsys bench/work/big.sqlite --kineto bench/work/kineto/rank0.trace.json
+
+Measured (each command ``--repeat`` times, interleaved, in a fresh child process):
+
+* nsys: ``nsys stats`` kernel + memory-size summaries (the reference) and
+  ``traceguard analyze BIG.sqlite --format json``.
+* Kineto: Holistic Trace Analysis (load + temporal breakdown + comm/comp overlap + kernel
+  breakdown; the reference), plain ``json.load`` of the file, ``traceguard analyze BIG.json``.
+
+Wall time is ``time.perf_counter`` around the child; peak RSS is the child's (and its waited-for
+descendants') ``ru_maxrss``, taken by a small wrapper process so every measurement starts from
+zero. Writes ``bench/RESULTS.md`` and ``bench/results.json``. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORK = HERE / "work"
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+HTA_PY = WORK / "hta-venv" / "bin" / "python"
+
+#: Targets from the issue.
+NSYS_TIME_RATIO = 0.4  # traceguard wall ≤ 0.4 × nsys stats wall
+NSYS_RSS_MB = 2048  # traceguard peak RSS < 2 GB
+KINETO_TIME_RATIO = 0.2  # traceguard wall ≤ 0.2 × HTA wall
+
+TG_MISSING = "traceguard CLI not available (no .venv/bin/traceguard, traceguard.cli not importable)"
+
+#: Report names: nsys ≤ 2023.x spells them one way, 2024.x+ the other.
+NSYS_REPORTS = (("gpukernsum", "gpumemsizesum"), ("cuda_gpu_kern_sum", "cuda_gpu_mem_size_sum"))
+
+#: Run by the HTA venv's python: the comparable work (load + per-rank breakdowns).
+HTA_CODE = """
+import sys
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+tb = a.get_temporal_breakdown(visualize=False)
+ov = a.get_comm_comp_overlap(visualize=False)
+kb = a.get_gpu_kernel_breakdown(visualize=False)
+print(tb.to_string()); print(ov.to_string()); print(len(kb[0]), "kernel types")
+"""
+
+#: Plain json.load of the trace (what any pure-Python reader pays at least).
+JSON_LOAD_CODE = """
+import json, sys
+with open(sys.argv[1], "rb") as f:
+    d = json.load(f)
+print(len(d["traceEvents"]), "events")
+"""
+
+#: Measures one command in a fresh process: prints {"wall": s, "maxrss_kb": kb, "rc": rc}.
+MEASURE_CODE = """
+import json, resource, subprocess, sys, time
+out, err = open(sys.argv[1], "wb"), open(sys.argv[2], "wb")
+t = time.perf_counter()
+rc = subprocess.call(sys.argv[3:], stdout=out, stderr=err)
+wall = time.perf_counter() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"wall": wall, "maxrss_kb": rss, "rc": rc}))
+"""
+
+
+def rel(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def sh(cmd: list[str], **kw) -> str:
+    """Output of a quick fact-finding command ('' when it fails)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def measure(cmd: list[str], log_stem: Path) -> dict:
+    """Run ``cmd`` once in a fresh wrapper; stdout/stderr go to ``log_stem``.out/.err."""
+    out, err = Path(f"{log_stem}.out"), Path(f"{log_stem}.err")
+    load = os.getloadavg()[0]
+    res = subprocess.run(
+        [sys.executable, "-c", MEASURE_CODE, str(out), str(err), *cmd],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    m = json.loads(res.stdout.strip().splitlines()[-1])
+    return {
+        "wall_s": round(m["wall"], 3),
+        "peak_rss_mb": round(m["maxrss_kb"] / 1024, 1),
+        "rc": m["rc"],
+        "loadavg_1m_before": round(load, 2),
+        "stdout": rel(out),
+        "stderr": rel(err),
+    }
+
+
+def scale_facts(path: Path) -> dict | None:
+    """What ``scale_capture.py`` wrote next to the scaled file (source, its sha256, copies)."""
+    side = Path(f"{path}.scale.json")
+    return json.loads(side.read_text()) if side.exists() else None
+
+
+def fingerprint(db: Path) -> tuple:
+    st = db.stat()
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        schema = conn.execute("SELECT count(*), group_concat(name) FROM sqlite_master").fetchone()
+    return (st.st_size, st.st_mtime_ns, *schema)
+
+
+def nsys_report_names() -> tuple[str, str] | None:
+    """The kernel/mem-size summary names this nsys knows (``nsys stats`` exits 0 on unknown names)."""
+    text = sh(["nsys", "stats", "--help-reports"])
+    for names in NSYS_REPORTS:
+        if all(re.search(rf"^\s*{n}\b", text, re.M) for n in names):
+            return names
+    return None
+
+
+def nsys_output_ok(stem: Path, names: tuple[str, str]) -> str | None:
+    """Why an ``nsys stats`` run failed despite exit status 0, or None when both reports printed."""
+    text = Path(f"{stem}.out").read_text(errors="replace") + Path(f"{stem}.err").read_text(errors="replace")
+    if re.search(r"ERROR|could not be found|Traceback", text):
+        line = next(ln for ln in text.splitlines() if re.search(r"ERROR|could not|Traceback", ln))
+        return line.strip()
+    if "Total Time (ns)" not in text or "Operation" not in text:
+        return f"expected CSV of {names[0]} and {names[1]} not found in the output"
+    return None
+
+
+def traceguard_cmd() -> list[str] | None:
+    """How to run the CLI: the installed entry point, else the module through the venv's python."""
+    probe = subprocess.run([str(VENV_PY), "-c", "import traceguard.cli"], capture_output=True, cwd=ROOT)
+    if probe.returncode != 0:
+        return None
+    exe = ROOT / ".venv" / "bin" / "traceguard"
+    if exe.exists():
+        return [str(exe)]
+    # Not installed (`pip install -e .` not run yet): typer reads sys.argv[1:], as it would.
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from traceguard.cli import app; "
+    return [str(VENV_PY), "-c", code + "sys.argv[0] = 'traceguard'; app()"]
+
+
+def traceguard_output_ok(stem: Path, report: Path, run: dict) -> str | None:
+    """Why a traceguard run does not count (None when it wrote a JSON report); notes its shape."""
+    if not report.exists() or report.stat().st_size == 0:
+        tail = Path(f"{stem}.err").read_text(errors="replace").strip().splitlines()[-3:]
+        return "no report written" + (f": {' | '.join(tail)}" if tail else "")
+    try:
+        doc = json.loads(report.read_bytes())
+    except ValueError as exc:
+        return f"report is not JSON: {exc}"
+    run["report_bytes"] = report.stat().st_size
+    if isinstance(doc, dict):
+        run["report_keys"] = sorted(doc)[:30]
+    return None
+
+
+def summarize(runs: list[dict]) -> dict:
+    ok = [r for r in runs if r.get("error") is None]
+    walls = [r["wall_s"] for r in ok]
+    rss = [r["peak_rss_mb"] for r in ok]
+    if not ok:
+        return {"ok": False, "error": runs[0].get("error") if runs else "not run", "runs": runs}
+    return {
+        "ok": True,
+        "wall_min_s": min(walls),
+        "wall_median_s": round(statistics.median(walls), 3),
+        "rss_max_mb": max(rss),
+        "rss_median_mb": round(statistics.median(rss), 1),
+        "runs": runs,
+    }
+
+
+def source_digest() -> str:
+    """Short hash of traceguard's sources: tells whether the code changed during a run."""
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "traceguard").rglob("*.py")):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def machine_facts(names: tuple[str, str] | None) -> dict:
+    cpu = ""
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    hta_version = (
+        sh([str(HTA_PY), "-c", "import importlib.metadata as m; print(m.version('HolisticTraceAnalysis'))"])
+        if HTA_PY.exists()
+        else ""
+    )
+    return {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu,
+        "ram_gb": round(mem_kb / 1024**2, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "nsys": sh(["nsys", "--version"]),
+        "nsys_reports": list(names) if names else None,
+        "polars": sh([str(VENV_PY), "-c", "import polars; print(polars.__version__)"]),
+        "traceguard": sh(
+            [str(VENV_PY), "-c", "import importlib.metadata as m; print(m.version('traceguard'))"], cwd=ROOT
+        ),
+        "traceguard_git": sh(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "traceguard_git_dirty": bool(sh(["git", "-C", str(ROOT), "status", "--porcelain", "--", "traceguard"])),
+        "traceguard_src_sha256": source_digest(),
+        "hta": hta_version,
+        "hta_python": sh([str(HTA_PY), "--version"]) if HTA_PY.exists() else "",
+    }
+
+
+def count_nsys(db: Path) -> dict[str, int]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return {
+            t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in (
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "NVTX_EVENTS",
+            )
+            if t in tables
+        }
+
+
+def count_kineto(path: Path) -> int:
+    """Number of trace events (counted as ``"ph":`` keys; no parse)."""
+    n, tail = 0, b""
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 24):
+            n += (tail + chunk).count(b'"ph":')
+            tail = chunk[-4:]  # shorter than the pattern: nothing is counted twice
+    return n
+
+
+def warm_cache(path: Path) -> None:
+    """Read the file once so every tool starts from the same (warm) page cache."""
+    with path.open("rb") as fh:
+        while fh.read(1 << 24):
+            pass
+
+
+def hta_dir_for(trace: Path) -> Path:
+    """HTA reads every trace in a directory: give it one holding only this file."""
+    d = WORK / "hta_trace"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    (d / trace.name).symlink_to(trace.resolve())
+    return d
+
+
+def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
+    names = nsys_report_names()
+    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": []}
+    notes: list[str] = []
+    if names is None:
+        notes.append("nsys stats: no kernel/mem-size summary report names known to this nsys")
+    before = fingerprint(db)
+    warm_cache(db)
+    for i in range(repeat):
+        if names:
+            stem = logs / f"nsys_stats.{i}"
+            cmd = ["nsys", "stats", "--report", ",".join(names), "--format", "csv", "--output", "-"]
+            cmd += ["--force-export=false", str(db)]
+            r = measure(cmd, stem)
+            r["cmd"] = shlex.join(cmd)
+            r["error"] = nsys_output_ok(stem, names) or (f"exit status {r['rc']}" if r["rc"] else None)
+            tools["nsys stats"].append(r)
+            print(f"  nsys stats #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+            if fingerprint(db) != before:
+                notes.append("nsys stats modified the input file (see fingerprints)")
+        if tg:
+            stem = logs / f"traceguard_nsys.{i}"
+            report = logs / f"traceguard_nsys.{i}.report.json"
+            report.unlink(missing_ok=True)
+            cmd = [*tg, "analyze", str(db), "--format", "json", "--out", str(report)]
+            r = measure(cmd, stem)
+            r["cmd"] = shlex.join(cmd)
+            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+            tools["traceguard analyze"].append(r)
+            print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+    if not tg:
+        tools["traceguard analyze"].append({"error": TG_MISSING})
+    after = fingerprint(db)
+    return {
+        "input": rel(db),
+        "size_mb": round(db.stat().st_size / 1e6),
+        "rows": count_nsys(db),
+        "input_unmodified": before == after,
+        "scaled_from": scale_facts(db),
+        "tools": {k: summarize(v) for k, v in tools.items()},
+        "notes": notes,
+    }
+
+
+def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
+    tools: dict[str, list[dict]] = {"HTA": [], "json.load": [], "traceguard analyze": []}
+    notes: list[str] = []
+    hta_dir = hta_dir_for(trace) if HTA_PY.exists() else None
+    if hta_dir is None:
+        notes.append(f"HTA venv missing ({HTA_PY}); see bench/README.md")
+    warm_cache(trace)
+    for i in range(repeat):
+        if hta_dir:
+            stem = logs / f"hta.{i}"
+            cmd = [str(HTA_PY), "-c", HTA_CODE, str(hta_dir)]
+            r = measure(cmd, stem)
+            r["cmd"] = f"{HTA_PY} -c <HTA_CODE> {hta_dir}"
+            r["error"] = f"exit status {r['rc']}" if r["rc"] else None
+            tools["HTA"].append(r)
+            print(f"  HTA #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+        stem = logs / f"json_load.{i}"
+        cmd = [str(VENV_PY), "-c", JSON_LOAD_CODE, str(trace)]
+        r = measure(cmd, stem)
+        r["cmd"] = f"{VENV_PY} -c <json.load> {trace}"
+        r["error"] = f"exit status {r['rc']}" if r["rc"] else None
+        tools["json.load"].append(r)
+        print(f"  json.load #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+        if tg:
+            stem = logs / f"traceguard_kineto.{i}"
+            report = logs / f"traceguard_kineto.{i}.report.json"
+            report.unlink(missing_ok=True)
+            cmd = [*tg, "analyze", str(trace), "--format", "json", "--out", str(report)]
+            r = measure(cmd, stem)
+            r["cmd"] = shlex.join(cmd)
+            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+            tools["traceguard analyze"].append(r)
+            print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+    if not tg:
+        tools["traceguard analyze"].append({"error": TG_MISSING})
+    return {
+        "input": rel(trace),
+        "size_mb": round(trace.stat().st_size / 1e6),
+        "rows": {"traceEvents": count_kineto(trace)},
+        "scaled_from": scale_facts(trace),
+        "tools": {k: summarize(v) for k, v in tools.items()},
+        "notes": notes,
+    }
+
+
+def verdicts(res: dict) -> list[dict]:
+    """One table row per tool: ratio vs the reference (median walls) and pass/fail of the targets."""
+    rows = []
+    for kind, ref_name, ratio_target, rss_target in (
+        ("nsys", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB),
+        ("kineto", "HTA", KINETO_TIME_RATIO, None),
+    ):
+        block = res.get(kind)
+        if not block:
+            continue
+        ref = block["tools"].get(ref_name, {})
+        for tool, s in block["tools"].items():
+            row = {"kind": kind, "tool": tool, **{k: v for k, v in s.items() if k != "runs"}}
+            if s.get("ok") and ref.get("ok") and tool != ref_name:
+                row["ratio"] = round(s["wall_median_s"] / ref["wall_median_s"], 3)
+            if tool == "traceguard analyze":
+                target = f"wall ≤ {ratio_target}× {ref_name}"
+                ok = s.get("ok") and "ratio" in row and row["ratio"] <= ratio_target
+                if rss_target:
+                    target += f", peak RSS < {rss_target} MB"
+                    ok = ok and s["rss_max_mb"] < rss_target
+                row["target"] = target
+                row["pass"] = bool(ok) if s.get("ok") and ref.get("ok") else None
+            rows.append(row)
+    return rows
+
+
+def fmt_rows(block: dict) -> str:
+    rows = block["rows"]
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in rows:
+        return f"{rows['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M kernels ({block['size_mb']} MB)"
+    return f"{rows['traceEvents'] / 1e6:.2f} M events ({block['size_mb']} MB)"
+
+
+def write_markdown(res: dict, path: Path) -> None:
+    m = res["machine"]
+    lines = [
+        "# traceguard benchmark results",
+        "",
+        "Generated by `bench/run_bench.py` (see `bench/README.md`); do not edit by hand.",
+        "",
+        f"- Date (UTC): {m['date_utc']}; {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gb']} GB RAM, "
+        f"Linux {m['kernel']}",
+        f"- nsys: {m['nsys']} (reports: {', '.join(m['nsys_reports'] or ['none'])}); "
+        f"HTA {m['hta'] or 'n/a'} ({m['hta_python']}); traceguard {m['traceguard'] or 'n/a'} "
+        f"(git {m['traceguard_git'] or 'n/a'}{' + uncommitted changes' if m['traceguard_git_dirty'] else ''}, "
+        f"sources sha256 {m['traceguard_src_sha256']}); polars {m['polars']}; Python {m['python']}; "
+        f"SQLite {m['sqlite']}",
+        f"- Each command run {res['repeat']}× (interleaved), fresh process each time, warm page cache. "
+        "Wall: min / median. Peak RSS: max over runs. Ratio: median wall / reference median wall.",
+        "",
+        "| tool | input | wall s (min / median) | peak RSS MB | ratio vs ref | target | pass |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in res["verdicts"]:
+        block = res[row["kind"]]
+        ref = " (reference)" if row["tool"] in ("nsys stats", "HTA") else ""
+        if row.get("ok"):
+            wall = f"{row['wall_min_s']:.2f} / {row['wall_median_s']:.2f}"
+            rss = f"{row['rss_max_mb']:.0f}"
+        else:
+            wall, rss = "—", "—"
+        ratio = f"{row['ratio']:.3f}×" if "ratio" in row else "—"
+        passed = {True: "**PASS**", False: "**FAIL**", None: "n/a"}[row.get("pass")] if "target" in row else ""
+        err = " (error, see below)" if not row.get("ok") else ""
+        lines.append(
+            f"| {row['tool']}{ref}{err} | {fmt_rows(block)} | {wall} | {rss} | {ratio} | "
+            f"{row.get('target', '')} | {passed} |"
+        )
+    lines += ["", "Rows per table:", ""]
+    for kind in ("nsys", "kineto"):
+        if kind in res:
+            b = res[kind]
+            counts = ", ".join(f"{k} {v:,}" for k, v in b["rows"].items())
+            lines.append(f"- `{Path(b['input']).name}` ({b['size_mb']} MB): {counts}")
+            if b.get("scaled_from"):
+                sf = b["scaled_from"]
+                lines.append(
+                    f"  - scaled from `{sf['source']}` (sha256 {sf['source_sha256'][:12]}…), "
+                    f"{sf['copies']} copies, built in {sf['build_s']} s"
+                )
+            if "input_unmodified" in b:
+                lines.append(f"  - `nsys stats` left the file unmodified: {b['input_unmodified']}")
+            lines += [f"  - note: {n}" for n in b["notes"]]
+            for tool, s in b["tools"].items():
+                if not s.get("ok"):
+                    lines.append(f"  - {tool}: {s.get('error')}")
+    lines += [f"- **note: {n}**" for n in res["notes"]]
+    lines += [
+        "",
+        "Other processes running on the machine during the run raise the 1-minute load average "
+        "recorded per run in `results.json` (`loadavg_1m_before`); on 2 CPUs anything above ~0.5 "
+        "before a run means the timing is pessimistic.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nsys", type=Path, help="scaled nsys SQLite export (bench/scale_capture.py nsys)")
+    ap.add_argument("--kineto", type=Path, help="scaled Kineto JSON (bench/scale_capture.py kineto)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--results", type=Path, default=HERE / "results.json")
+    ap.add_argument("--markdown", type=Path, default=HERE / "RESULTS.md")
+    ap.add_argument("--logs", type=Path, default=WORK / "logs")
+    args = ap.parse_args(argv)
+    if not args.nsys and not args.kineto:
+        ap.error("give --nsys and/or --kineto")
+    args.logs.mkdir(parents=True, exist_ok=True)
+    # Two runs at once on 2 cores would time each other (and share logs/ and hta_trace/).
+    lock = (WORK / ".run_bench.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit("another run_bench.py is running (bench/work/.run_bench.lock); wait for it to finish")
+    tg = traceguard_cmd()
+    names = nsys_report_names()
+    res: dict = {"repeat": args.repeat, "machine": machine_facts(names), "traceguard_cmd": tg}
+    t0 = time.perf_counter()
+    if args.nsys:
+        print(f"nsys: {args.nsys}")
+        res["nsys"] = bench_nsys(args.nsys.resolve(), args.repeat, args.logs, tg)
+    if args.kineto:
+        print(f"kineto: {args.kineto}")
+        res["kineto"] = bench_kineto(args.kineto.resolve(), args.repeat, args.logs, tg)
+    res["verdicts"] = verdicts(res)
+    res["notes"] = []
+    if source_digest() != res["machine"]["traceguard_src_sha256"]:
+        res["notes"].append("traceguard's source changed during the run: the numbers mix versions; rerun")
+    res["bench_wall_s"] = round(time.perf_counter() - t0, 1)
+    args.results.write_text(json.dumps(res, indent=2) + "\n")
+    write_markdown(res, args.markdown)
+    print(args.markdown.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Shared test fixtures: real public captures from ../shared, unpacked per session."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PUBLIC = SHARED / "fixtures" / "public"
+PUBLIC_NSYS = sorted((PUBLIC / "nsys-sqlite").glob("*.sqlite.gz"))
+PUBLIC_KINETO = sorted((PUBLIC / "kineto").glob("*.json.gz"))
+#: Captures this project made itself (GPU runs on the lent H200s), committed gzipped.
+OWN = REPO / "tests" / "fixtures"
+
+
+def public_nsys(fragment: str) -> Path:
+    """The one public nsys fixture whose file name contains ``fragment``."""
+    matches = [p for p in PUBLIC_NSYS if fragment in p.name]
+    assert len(matches) == 1, f"{fragment!r} matches {matches}"
+    return matches[0]
+
+
+def public_kineto(fragment: str) -> Path:
+    matches = [p for p in PUBLIC_KINETO if fragment in p.name]
+    assert len(matches) == 1, f"{fragment!r} matches {matches}"
+    return matches[0]
+
+
+@pytest.fixture(scope="session")
+def unpacked(tmp_path_factory: pytest.TempPathFactory):
+    """Gunzip a committed/shared ``.gz`` capture once per session; fixtures are never modified."""
+    cache: dict[Path, Path] = {}
+    root = tmp_path_factory.mktemp("unpacked")
+
+    def _unpack(path: Path) -> Path:
+        if path not in cache:
+            # Same file names live in different run folders (cap_0.sqlite.gz): keep them apart.
+            folder = root / f"{len(cache)}-{path.parent.name}"
+            folder.mkdir()
+            target = folder / path.name.removesuffix(".gz")
+            with gzip.open(path, "rb") as src, target.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            cache[path] = target
+        return cache[path]
+
+    return _unpack

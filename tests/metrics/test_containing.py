@@ -1,0 +1,80 @@
+"""The binary-search containment (``intervals.containing_rows``) agrees with the as-of join it
+replaces, null points and keys included; the launch join by binary search agrees with a join."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from traceguard import model
+from traceguard.metrics import intervals, steps
+
+
+def _intervals(rng: np.random.Generator, groups: int) -> pl.DataFrame:
+    rows = []
+    for g in range(groups):
+        t = int(rng.integers(0, 50))
+        for i in range(int(rng.integers(0, 8))):
+            start = t + int(rng.integers(1, 20))
+            end = start + int(rng.integers(0, 30))
+            rows.append((g, start, end, g * 100 + i))
+            if rng.random() < 0.3:  # a nested one
+                rows.append((g, start + 1, max(start + 1, end - 1), g * 100 + 50 + i))
+            t = end
+    return pl.DataFrame(
+        rows, schema={"pid": pl.Int32, "start": pl.Int64, "end": pl.Int64, "rid": pl.Int64}, orient="row"
+    )
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_containing_ids_matches_asof(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    ranges = _intervals(rng, 3)
+    n = 300
+    points = pl.DataFrame(
+        {
+            "pid": pl.Series(rng.integers(0, 4, n), dtype=pl.Int32),
+            "p": pl.Series(rng.integers(0, 300, n)),
+        }
+    ).with_columns(
+        pl.when(pl.Series(rng.random(n) < 0.1)).then(None).otherwise(pl.col("p")).alias("p"),
+        pl.when(pl.Series(rng.random(n) < 0.05)).then(None).otherwise(pl.col("pid")).alias("pid"),
+    )
+    monkeypatch.setattr(intervals, "_CHUNK", 7)
+    fast = steps.containing_ids(points, "p", ranges, "rid", ["pid"])
+    with monkeypatch.context() as m:
+        m.setattr(steps, "containing_rows", lambda *a: None)
+        slow = steps.containing_ids(points, "p", ranges, "rid", ["pid"])
+    assert fast.to_list() == slow.to_list()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_launch_rows_match_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(model, "_JOIN_CHUNK", 5)
+    n_calls, n_ops = 60, 80
+    calls = pl.DataFrame(
+        {
+            "pid": pl.Series(rng.integers(1, 3, n_calls), dtype=pl.Int32),
+            "tid": pl.Series(rng.integers(1, 9, n_calls), dtype=pl.Int32),
+            "correlation_id": rng.integers(0, 40, n_calls) if seed % 2 else np.sort(rng.integers(0, 40, n_calls)),
+            "start": rng.integers(0, 1000, n_calls),
+            "name_id": pl.Series(rng.integers(0, 5, n_calls), dtype=pl.Int32),
+        }
+    )
+    ops = pl.DataFrame(
+        {
+            "pid": pl.Series(rng.integers(1, 3, n_ops), dtype=pl.Int32),
+            "correlation_id": pl.Series(rng.integers(0, 45, n_ops)),
+        }
+    ).with_columns(pl.when(pl.Series(rng.random(n_ops) < 0.1)).then(None).otherwise(pl.col("correlation_id")))
+    ops, calls = model.conform(ops, model.GPU_OPS_SCHEMA), model.conform(calls, model.API_CALLS_SCHEMA)
+    table = (
+        calls.with_row_index("_call")
+        .filter(pl.col("correlation_id").is_not_null())
+        .unique(["pid", "correlation_id"], keep="first", maintain_order=True)
+        .select("pid", "correlation_id", pl.col("_call").cast(pl.Int64))
+    )
+    want = ops.join(table, on=["pid", "correlation_id"], how="left", maintain_order="left")["_call"]
+    assert model.launch_rows(ops, calls).to_list() == want.to_list()

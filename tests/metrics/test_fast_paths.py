@@ -1,0 +1,81 @@
+"""The vectorized fast paths of the metrics agree with their plain Polars formulations.
+
+``union_ns`` (NumPy running max over packed group bands) against the sort/cum_max/group_by
+version; the packed-key launch join against the two-column join, including repeated keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from traceguard import model
+from traceguard.metrics import intervals, steps
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_union_ns_matches_polars(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    start = rng.integers(-1_000, 10_000, n)
+    groups = pl.Series(rng.integers(0, 5, n))
+    if seed % 3 == 0:
+        groups = groups.set(pl.Series(rng.random(n) < 0.2), None)
+    frame = pl.DataFrame(
+        {
+            "g": groups,
+            "h": rng.integers(-2, 2, n),
+            "name": rng.choice(["a", "b"], n),
+            "start": start,
+            "end": start + rng.integers(0, 500, n),
+        }
+    )
+    for by in (["g"], ["g", "h"], ["name"], ["name", "g"]):
+        fast = intervals.union_ns(frame, by).collect().sort(by, nulls_last=True)
+        slow = intervals._union_ns_polars(frame, by).collect().sort(by, nulls_last=True)
+        assert fast.equals(slow.select(fast.columns)), by
+
+
+def _frames(repeat_key: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    ops = pl.DataFrame({"pid": [1, 1, 2, None, 1], "correlation_id": [10, 11, 10, 10, None], "start": [5, 6, 7, 8, 9]})
+    calls = pl.DataFrame(
+        {
+            "pid": [1, 2, 1, 1, None],
+            "tid": [3, 4, 3, 5, 6],
+            "correlation_id": [10, 10, 12, 11 if not repeat_key else 10, 10],
+            "start": [1, 2, 3, 4, 5],
+            "name_id": [7, 8, 9, 10, 11],
+        }
+    )
+    return model.conform(ops, model.GPU_OPS_SCHEMA), model.conform(calls, model.API_CALLS_SCHEMA)
+
+
+def _two_column(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    table = (
+        calls.filter(pl.col("correlation_id").is_not_null())
+        .select(
+            "pid",
+            "correlation_id",
+            pl.col("start").alias("launch_start"),
+            pl.col("tid").alias("launch_tid"),
+            pl.col("name_id").alias("launch_name_id"),
+        )
+        .unique(["pid", "correlation_id"], keep="first", maintain_order=True)
+    )
+    return ops.join(table, on=["pid", "correlation_id"], how="left", maintain_order="left")
+
+
+@pytest.mark.parametrize("repeat_key", [False, True])
+def test_launch_join_matches_two_column_join(repeat_key: bool) -> None:
+    ops, calls = _frames(repeat_key)
+    got = steps.launches(ops, calls)
+    assert got.equals(_two_column(ops, calls))
+
+
+def test_launch_join_out_of_packing_range() -> None:
+    ops, calls = _frames(False)
+    ops = ops.with_columns(pl.lit(1 << 40).alias("correlation_id"))
+    calls = calls.with_columns(pl.lit(1 << 40).alias("correlation_id"))
+    assert not steps._packable(ops)
+    assert steps.launches(ops, calls).equals(_two_column(ops, calls))

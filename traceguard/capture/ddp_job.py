@@ -1,0 +1,300 @@
+"""The instrumented DDP training job that traceguard captures.
+
+Runs under ``torchrun`` (one process per rank) and needs only torch, so it runs as-is on GPU
+machines that have nothing else installed. Every step is an NVTX range ``Batch N`` with nested
+``get batch`` / ``forward`` / ``backward`` / ``optimizer step`` ranges, recorded as torch.profiler
+``record_function`` ranges too, so nsys and Kineto captures show the same steps and phases.
+
+Profiled steps sit inside ``cudaProfilerStart``/``Stop`` (nsys ``--capture-range=cudaProfilerApi``)
+or a ``torch.profiler`` session; throughput is measured on separate timed steps.
+
+Usage (one line per rank is started by torchrun)::
+
+    torchrun --nproc_per_node=2 -m traceguard.capture.ddp_job --out DIR [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PHASES = ("get batch", "forward", "backward", "optimizer step")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for per-rank outputs")
+    p.add_argument("--model", choices=["mlp", "vit_l_32"], default="mlp")
+    p.add_argument("--mlp-width", type=int, default=1024)
+    p.add_argument("--mlp-depth", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=3, help="untimed, unprofiled steps")
+    p.add_argument("--timed", type=int, default=5, help="steps timed for throughput (not profiled)")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default=None)
+    p.add_argument("--comm", choices=["ddp", "cpu-staged", "none"], default="ddp")
+    p.add_argument("--static-graph", action="store_true")
+    p.add_argument("--no-bucket-view", dest="bucket_view", action="store_false")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--comm-hook", choices=["none", "bf16", "fp16", "powersgd"], default="none")
+    p.add_argument("--powersgd-rank", type=int, default=1)
+    p.add_argument("--powersgd-start-iter", type=int, default=2)
+    p.add_argument("--capture", choices=["nsys", "torch", "none"], default="none")
+    p.add_argument("--num-workers", type=int, default=0)
+    return p.parse_args(argv)
+
+
+class _Nvtx:
+    """NVTX push/pop through torch on CUDA builds, the ``nvtx`` package otherwise (CPU runs)."""
+
+    def __init__(self) -> None:
+        self._push = self._pop = None
+        if torch.cuda.is_available():
+            self._push, self._pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+        else:
+            with contextlib.suppress(ImportError):
+                import nvtx  # type: ignore[import-not-found]
+
+                self._push, self._pop = (lambda m: nvtx.push_range(m)), nvtx.pop_range
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        if self._push:
+            self._push(name)
+        try:
+            with torch.profiler.record_function(name):
+                yield
+        finally:
+            if self._pop:
+                self._pop()
+
+
+class SyntheticImages(torch.utils.data.Dataset):
+    """Random samples from a small fixed pool: loading costs a collate copy, not an RNG run.
+
+    Generating fresh random images per sample made ``get batch`` CPU-bound (40 ms a step for
+    ViT-L inputs), desynchronising ranks so NCCL kernels mostly waited for the slower peer.
+    """
+
+    POOL = 16
+
+    def __init__(self, n: int, shape: tuple[int, ...], classes: int) -> None:
+        self.n, self.classes = n, classes
+        self.pool = torch.randn((self.POOL, *shape), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool[i % self.POOL], torch.tensor(i % self.classes)
+
+
+def build_model(args: argparse.Namespace) -> tuple[nn.Module, tuple[int, ...], int]:
+    if args.model == "vit_l_32":
+        from torchvision.models import vit_l_32  # random weights: nothing is downloaded
+
+        return vit_l_32(weights=None), (3, 224, 224), 1000
+    layers: list[nn.Module] = []
+    width = args.mlp_width
+    for _ in range(args.mlp_depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers), (width,), 10
+
+
+def register_hook(ddp: nn.parallel.DistributedDataParallel, args: argparse.Namespace) -> str | None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if args.comm_hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start_iter,
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        return None
+    return args.comm_hook
+
+
+def cpu_staged_allreduce(model: nn.Module, group: Any, world: int) -> None:
+    """The anti-pattern: every gradient to the CPU, all-reduced there, copied back."""
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        staged = p.grad.detach().cpu()
+        dist.all_reduce(staged, group=group)
+        p.grad.copy_(staged.div_(world).to(p.grad.device, non_blocking=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = args.backend or ("nccl" if cuda else "gloo")
+    distributed = world > 1 or "RANK" in os.environ
+    if distributed:
+        dist.init_process_group(backend=backend)
+    args.out.mkdir(parents=True, exist_ok=True)
+    nvtx = _Nvtx()
+    torch.manual_seed(0)
+
+    model, shape, classes = build_model(args)
+    model = model.to(device)
+    module: nn.Module = model
+    ddp_info: dict[str, Any] = {"enabled": False}
+    staged_group = None
+    if distributed and args.comm == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[local_rank] if cuda else None,
+            static_graph=args.static_graph,
+            gradient_as_bucket_view=args.bucket_view,
+            bucket_cap_mb=args.bucket_cap_mb,
+        )
+        hook = register_hook(ddp, args)
+        module = ddp
+        # What DDP itself reports (its own logging data), not just what was asked of it.
+        logged = ddp._get_ddp_logging_data() if hasattr(ddp, "_get_ddp_logging_data") else {}
+        ddp_info = {
+            "enabled": True,
+            "static_graph": bool(logged.get("static_graph", args.static_graph)),
+            "gradient_as_bucket_view": bool(logged.get("gradient_as_bucket_view", ddp.gradient_as_bucket_view)),
+            "bucket_cap_mb": args.bucket_cap_mb,
+            "bucket_cap_bytes": logged.get("bucket_cap_bytes"),
+            "comm_hook": hook,
+            "registered_comm_hook": logged.get("comm_hook") or None,
+            "backend": logged.get("backend_name"),
+        }
+    elif distributed and args.comm == "cpu-staged":
+        staged_group = dist.new_group(backend="gloo")
+
+    total_steps = args.warmup + args.timed + args.steps + 1
+    data = SyntheticImages(total_steps * args.batch_size, shape, classes)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=cuda, drop_last=True
+    )
+    opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = iter(loader)
+
+    def step(index: int) -> None:
+        with nvtx.range(f"Batch {index}"):
+            with nvtx.range("get batch"):
+                x, y = next(batches)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with nvtx.range("forward"):
+                loss = loss_fn(module(x), y)
+            with nvtx.range("backward"):
+                loss.backward()
+                if staged_group is not None:
+                    cpu_staged_allreduce(model, staged_group, world)
+            with nvtx.range("optimizer step"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        if distributed:
+            dist.barrier()
+
+    index = 0
+    for _ in range(args.warmup):
+        step(index)
+        index += 1
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.timed):
+        step(index)
+        index += 1
+    sync()
+    elapsed = time.perf_counter() - t0
+    throughput = args.timed / elapsed if args.timed else None
+
+    trace_path = None
+    if args.capture == "torch":
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        trace_path = args.out / f"rank{rank}.trace.json"
+        # One profiler warm-up step first (as torch recommends); then ``steps`` recorded steps,
+        # each a ``ProfilerStep#N`` range around the job's own ``Batch N``.
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=args.steps, repeat=1)
+        with torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        ) as prof:
+            for profiled in range(args.steps + 1):
+                step(index)
+                index += 1
+                if profiled == 0:
+                    sync()  # ranks enter the recorded steps together
+                prof.step()
+            sync()
+    else:
+        if cuda and args.capture == "nsys":
+            torch.cuda.profiler.start()
+            # Each rank's cudaProfilerStart returns when its own nsys collection is up, at
+            # different times; without this barrier the first captured step of the earlier rank
+            # is mostly NCCL waiting for the later one.
+            sync()
+        for _ in range(args.steps):
+            step(index)
+            index += 1
+        sync()
+        if cuda and args.capture == "nsys":
+            torch.cuda.profiler.stop()
+
+    record = {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "backend": backend if distributed else None,
+        "device": str(device),
+        "gpu_name": torch.cuda.get_device_name(device) if cuda else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "ddp": ddp_info,
+        "comm": args.comm,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "throughput_steps_per_s": throughput,
+        "profiled_steps": args.steps,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_", "CUDA_"))},
+        "trace": trace_path.name if trace_path else None,
+    }
+    (args.out / f"rank{rank}.json").write_text(json.dumps(record, indent=2))
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""The harness: run the instrumented DDP job as an N-rank run bundle, and sweeps of settings.
+
+``run`` launches ``traceguard/capture/ddp_job.py`` on N ranks itself (through
+``torch.distributed.run``; the user needs no torchrun), optionally under Nsight Systems (one
+report per rank, exported to SQLite) or torch.profiler, with NCCL_DEBUG logs per rank and
+``nvidia-smi`` side files, and writes a bundle directory whose ``manifest.json`` says what ran:
+config, versions, GPUs, throughput measured outside the profiled steps, each rank's exit status.
+``sweep`` runs a matrix of settings into one bundle per setting.
+
+Standard library only (the job itself needs torch): it runs as ``python -m
+traceguard.capture.harness`` on GPU machines that have nothing but torch installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from traceguard.tools import find_importer, find_nsys
+
+BUNDLE_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# ---------------------------------------------------------------------------------------------
+# Job options: each maps to a real code path of ddp_job.py.
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, default=2, help="ranks (processes; one GPU each on GPUs)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl on GPUs, else gloo")
+    p.add_argument("--capture", choices=["nsys", "torch", "none"], default="none")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--timed", type=int, default=5, help="steps timed for throughput, outside the capture")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--model", choices=["mlp", "vit_l_32"], default="mlp")
+    p.add_argument("--mlp-width", type=int, default=1024)
+    p.add_argument("--mlp-depth", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--comm",
+        choices=["ddp", "cpu-staged", "none"],
+        default="ddp",
+        help="ddp; cpu-staged (gradients all-reduced on the CPU); none (no DDP)",
+    )
+    p.add_argument("--static-graph", action="store_true")
+    p.add_argument(
+        "--no-bucket-view",
+        dest="bucket_view",
+        action="store_false",
+        help="DDP without gradient_as_bucket_view (copies every gradient into its bucket)",
+    )
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--comm-hook", choices=["none", "bf16", "fp16", "powersgd"], default="none")
+    p.add_argument("--powersgd-rank", type=int, default=1)
+    p.add_argument("--powersgd-start-iter", type=int, default=2)
+    p.add_argument("--no-p2p", dest="p2p", action="store_false", help="NCCL_P2P_DISABLE=1")
+    p.add_argument("--no-shm", dest="shm", action="store_false", help="NCCL_SHM_DISABLE=1")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment (repeatable)")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is stopped")
+    p.add_argument("--keep-reports", action="store_true", help="keep .nsys-rep files beside the SQLite exports")
+    p.add_argument("--compress", action="store_true", help="gzip the SQLite exports and traces (traceguard reads .gz)")
+
+
+def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
+    args = [
+        "--out",
+        str(out),
+        "--capture",
+        cfg.capture,
+        "--model",
+        cfg.model,
+        "--mlp-width",
+        str(cfg.mlp_width),
+        "--mlp-depth",
+        str(cfg.mlp_depth),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--warmup",
+        str(cfg.warmup),
+        "--timed",
+        str(cfg.timed),
+        "--steps",
+        str(cfg.steps),
+        "--comm",
+        cfg.comm,
+        "--bucket-cap-mb",
+        str(cfg.bucket_cap_mb),
+        "--comm-hook",
+        cfg.comm_hook,
+        "--powersgd-rank",
+        str(cfg.powersgd_rank),
+        "--powersgd-start-iter",
+        str(cfg.powersgd_start_iter),
+        "--num-workers",
+        str(cfg.num_workers),
+    ]
+    if cfg.backend:
+        args += ["--backend", cfg.backend]
+    if cfg.static_graph:
+        args.append("--static-graph")
+    if not cfg.bucket_view:
+        args.append("--no-bucket-view")
+    return args
+
+
+def job_environment(cfg: argparse.Namespace, out: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,GRAPH,ENV", NCCL_DEBUG_FILE=str(out / "nccl.%h.%p.log"))
+    if not cfg.p2p:
+        env["NCCL_P2P_DISABLE"] = "1"
+    if not cfg.shm:
+        env["NCCL_SHM_DISABLE"] = "1"
+    for item in cfg.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--env expects NAME=VALUE, got {item!r}")
+        env[name] = value
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools on this machine.
+
+
+def _output(cmd: Sequence[str], timeout: float = 60) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (proc.stdout or "") + (proc.stderr or "")
+
+
+def nsys_version(nsys: str) -> str | None:
+    m = re.search(r"(\d{4}\.\d+\.\d+(?:\.\d+)?)", _output([nsys, "--version"]))
+    return m.group(1) if m else None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def nvtx_visibility_problem(nsys_ver: str | None, nvtx_ver: str | None) -> str | None:
+    """The Python nvtx package from 0.2.13 on is invisible to nsys 2022.x (NSYS.md): the capture
+    would hold NVTX domains but no ranges, so no steps."""
+    if not nsys_ver or not nvtx_ver:
+        return None
+    if _version_tuple(nsys_ver)[0] <= 2022 and _version_tuple(nvtx_ver) >= (0, 2, 13):
+        return (
+            f"Python nvtx {nvtx_ver} writes ranges nsys {nsys_ver} cannot read (only domain events "
+            "would be recorded, so no steps): install `nvtx==0.2.11` or a newer Nsight Systems"
+        )
+    return None
+
+
+def cuda_available() -> bool:
+    """Whether the job will run on GPUs (asked in a child: the launcher itself needs no torch)."""
+    out = _output([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], timeout=120)
+    m = re.search(r"^(\d+)\s*$", out, re.MULTILINE)
+    return bool(m and int(m.group(1)) > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# One run.
+
+
+def _launch_command(cfg: argparse.Namespace, out: Path, nsys: str | None, cuda: bool) -> list[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.world_size}"]
+    job = ["-m", "traceguard.capture.ddp_job", *job_arguments(cfg, out)]
+    if cfg.capture != "nsys":
+        return [*launcher, *job]
+    assert nsys is not None
+    profile = [
+        nsys,
+        "profile",
+        f"--trace={'cuda,nvtx,osrt' if cuda else 'nvtx,osrt'}",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "-f",
+        "true",
+        "-o",
+        str(out / "cap_%q{RANK}"),
+    ]
+    if cuda:
+        profile[3:3] = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+    return [*launcher, "--no-python", *profile, sys.executable, *job]
+
+
+def _side_files(out: Path) -> tuple[subprocess.Popen[bytes] | None, list[str]]:
+    """nvidia-smi topo / -q now, and dmon sampling for the duration of the run."""
+    smi = shutil.which("nvidia-smi")
+    if not smi or subprocess.run([smi, "-L"], capture_output=True, check=False).returncode != 0:
+        return None, []  # no driver: a stub nvidia-smi only prints an error
+    written = []
+    for name, args in (("topo.txt", ["topo", "-m"]), ("nvidia-smi-q.txt", ["-q"])):
+        (out / name).write_text(_output([smi, *args]))
+        written.append(name)
+    dmon_file = (out / "dmon.txt").open("wb")
+    proc = subprocess.Popen([smi, "dmon", "-s", "put", "-d", "1"], stdout=dmon_file, stderr=subprocess.STDOUT)
+    written.append("dmon.txt")
+    return proc, written
+
+
+def _export_reports(out: Path, nsys: str, world: int, keep: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """.qdstrm → .nsys-rep (importer, where the CLI could not find it) → SQLite per rank."""
+    captures: list[dict[str, Any]] = []
+    problems: list[str] = []
+    importer = find_importer(nsys)
+    blobs = "--include-blobs" in _output([nsys, "export", "--help"])
+    for rank in range(world):
+        rep, qdstrm, sqlite = out / f"cap_{rank}.nsys-rep", out / f"cap_{rank}.qdstrm", out / f"cap_{rank}.sqlite"
+        if not rep.exists() and qdstrm.exists():
+            if importer is None:
+                problems.append(f"rank {rank}: nsys left {qdstrm.name} and no QdstrmImporter was found")
+                continue
+            _output([importer, "-i", str(qdstrm)], timeout=1800)
+        if not rep.exists():
+            problems.append(f"rank {rank}: no nsys report was written")
+            continue
+        cmd = [nsys, "export", "--type", "sqlite", "-f", "true", "-o", str(sqlite)]
+        if blobs:  # NCCL's NVTX payloads (message sizes) live in the blobs
+            cmd.append("--include-blobs=true")
+        log = _output([*cmd, str(rep)], timeout=1800)
+        if not sqlite.exists():
+            problems.append(f"rank {rank}: nsys export failed: {log.strip()[-300:]}")
+            continue
+        captures.append({"path": sqlite.name, "rank": rank, "tool": "nsys"})
+        qdstrm.unlink(missing_ok=True)
+        if not keep:
+            rep.unlink(missing_ok=True)
+    return captures, problems
+
+
+def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
+    """Run the job once into ``cfg.out`` and write its manifest; returns the manifest."""
+    out: Path = cfg.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = cuda_available()
+    nsys = find_nsys() if cfg.capture == "nsys" else None
+    diagnostics: list[str] = []
+    if cfg.capture == "nsys" and nsys is None:
+        # The issue's contract: nsys when one is found, torch.profiler otherwise — said, not silent.
+        diagnostics.append(
+            "--capture nsys: no nsys found (PATH, $TRACEGUARD_NSYS, Debian's nsight-systems, Nsight "
+            "Compute's bundled copy); captured with torch.profiler instead"
+        )
+        cfg.capture = "torch"
+    nsys_ver = nsys_version(nsys) if nsys else None
+    if cfg.capture == "nsys" and not cuda and (problem := nvtx_visibility_problem(nsys_ver, package_version("nvtx"))):
+        raise SystemExit(f"--capture nsys: {problem}")
+    if cfg.capture == "nsys" and not cuda and package_version("nvtx") is None:
+        diagnostics.append("no Python nvtx package: a CPU job has no NVTX ranges (install nvtx==0.2.11)")
+    env = job_environment(cfg, out)
+    dmon, side = _side_files(out)
+    cmd = _launch_command(cfg, out, nsys, cuda)
+    started = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=cfg.timeout)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, log = 124, f"timed out after {cfg.timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
+    finally:
+        if dmon is not None:
+            dmon.terminate()
+    seconds = time.time() - started
+    (out / "launcher.log").write_text(log)
+
+    ranks = []
+    for rank in range(cfg.world_size):
+        record_path = out / f"rank{rank}.json"
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+        ranks.append(
+            {"rank": rank, "exit_status": 0 if record else (rc or 1), "record": record_path.name if record else None}
+        )
+    records = [json.loads((out / r["record"]).read_text()) for r in ranks if r["record"]]
+    captures: list[dict[str, Any]] = []
+    if cfg.capture == "nsys" and nsys:
+        captures, problems = _export_reports(out, nsys, cfg.world_size, cfg.keep_reports)
+        diagnostics += problems
+    elif cfg.capture == "torch":
+        captures = [
+            {"path": f"rank{r['rank']}.trace.json", "rank": r["rank"], "tool": "torch.profiler"}
+            for r in ranks
+            if (out / f"rank{r['rank']}.trace.json").exists()
+        ]
+    if cfg.compress:
+        captures = [_gzip(out, c) for c in captures]
+    first = records[0] if records else {}
+    throughputs = [r["throughput_steps_per_s"] for r in records if r.get("throughput_steps_per_s")]
+    manifest = {
+        "traceguard_bundle": BUNDLE_VERSION,
+        "created_unix": int(started),
+        "command": cmd,
+        "exit_status": rc,
+        "seconds": round(seconds, 2),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items() if k not in ("func",)},
+        "environment": {k: v for k, v in env.items() if k.startswith("NCCL_")},
+        "versions": {
+            "python": first.get("python"),
+            "torch": first.get("torch"),
+            "cuda": first.get("cuda"),
+            "nccl": first.get("nccl"),
+            "nsys": nsys_ver,
+            "nvtx": package_version("nvtx"),
+            "driver": _driver_version(),
+        },
+        "gpus": sorted({r["gpu_name"] for r in records if r.get("gpu_name")}),
+        # The slowest rank sets the pace of a synchronous job.
+        "throughput_steps_per_s": min(throughputs) if throughputs else None,
+        "gradient_bytes": first.get("gradient_bytes"),
+        "ranks": ranks,
+        "captures": captures,
+        "nccl_logs": sorted(p.name for p in out.glob("nccl.*.log")),
+        "side_files": side,
+        "diagnostics": diagnostics,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _gzip(out: Path, capture: dict[str, Any]) -> dict[str, Any]:
+    import gzip
+
+    source = out / capture["path"]
+    target = source.with_name(source.name + ".gz")
+    with source.open("rb") as src, gzip.open(target, "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    source.unlink()
+    return {**capture, "path": target.name}
+
+
+def _driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi or subprocess.run([smi, "-L"], capture_output=True, check=False).returncode != 0:
+        return None
+    text = _output([smi, "--query-gpu=driver_version", "--format=csv,noheader"])
+    return text.splitlines()[0].strip() if text.strip() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps.
+
+#: Named matrices: setting name → options changed from the sweep's base arguments.
+MATRICES: dict[str, list[tuple[str, list[str]]]] = {
+    # The study of issue 4 on two GPUs (ViT-L/32): what each setting engineers reach for costs.
+    "gpu": [
+        ("1gpu_no_ddp", ["--world-size", "1", "--comm", "none"]),
+        ("ddp", []),
+        ("static_graph", ["--static-graph"]),
+        ("no_bucket_view", ["--no-bucket-view"]),
+        ("bf16_hook", ["--comm-hook", "bf16"]),
+        ("powersgd_hook", ["--comm-hook", "powersgd"]),
+        ("bucket_100mb", ["--bucket-cap-mb", "100"]),
+        ("bucket_2000mb", ["--bucket-cap-mb", "2000"]),
+        ("shm_ddp", ["--no-p2p"]),
+        ("shm_bf16_hook", ["--no-p2p", "--comm-hook", "bf16"]),
+        ("shm_powersgd_hook", ["--no-p2p", "--comm-hook", "powersgd"]),
+        ("cpu_staged", ["--comm", "cpu-staged"]),
+    ],
+    # A small CPU (gloo) matrix: every code path, fast.
+    "cpu": [
+        ("ddp", []),
+        ("no_bucket_view", ["--no-bucket-view"]),
+        ("powersgd_hook", ["--comm-hook", "powersgd"]),
+        ("cpu_staged", ["--comm", "cpu-staged"]),
+    ],
+}
+
+
+def sweep(base: list[str], matrix: str, out: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run every setting of ``matrix`` into ``out/<setting>/``; writes ``out/sweep.json``."""
+    if matrix not in MATRICES:
+        raise SystemExit(f"unknown matrix {matrix!r}; choose one of {', '.join(MATRICES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, extra in MATRICES[matrix]:
+        if only and name not in only:
+            continue
+        cfg = run_parser().parse_args([*base, *extra, "--out", str(out / name)])
+        print(f"== {name}: {' '.join(extra) or '(base)'}", flush=True)
+        manifest = run_bundle(cfg)
+        print(
+            f"   exit {manifest['exit_status']} in {manifest['seconds']} s, "
+            f"{manifest['throughput_steps_per_s'] or 0:.2f} steps/s",
+            flush=True,
+        )
+        results.append({"name": name, "options": extra, "bundle": name, "exit_status": manifest["exit_status"]})
+    (out / "sweep.json").write_text(json.dumps({"matrix": matrix, "base": base, "settings": results}, indent=2) + "\n")
+    return results
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traceguard harness run", description="Run the instrumented DDP job once.")
+    add_job_options(p)
+    p.add_argument("--out", type=Path, required=True, help="bundle directory to write")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("run", "sweep"):
+        print("usage: python -m traceguard.capture.harness run|sweep ...", file=sys.stderr)
+        return 2
+    if argv[0] == "run":
+        manifest = run_bundle(run_parser().parse_args(argv[1:]))
+        print(json.dumps({k: manifest[k] for k in ("exit_status", "seconds", "throughput_steps_per_s", "diagnostics")}))
+        return 0 if manifest["exit_status"] == 0 else 1
+    p = argparse.ArgumentParser(prog="traceguard harness sweep")
+    p.add_argument("--matrix", default="gpu", choices=sorted(MATRICES))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", action="append", help="run only these settings (repeatable)")
+    known, base = p.parse_known_args(argv[1:])
+    results = sweep(base, known.matrix, known.out, known.only)
+    return 0 if all(r["exit_status"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,913 @@
+"""Read ``nsys export --type sqlite`` files of every schema generation into a :class:`Capture`.
+
+Seen in the wild (../shared/fixtures/public): schema 2.9.1 (nsys 2022.2) to 3.25.0 (2026.2).
+The schema version is the compatibility axis, but rather than branching on it we look at which
+tables and columns a file actually has: tables come and go (newer exporters omit empty ones),
+columns grow. Absent tables mean "not available"; unknown ones are ignored.
+
+Speed: event tables are read with ADBC straight into Arrow (≈4 s and ≈0.8 GB peak for 10 M
+kernel rows on 2 cores, where sqlite3 ``fetchall`` needs several times that in time and memory);
+only the small tables (metadata, enums, GPU info, processes) go through :mod:`sqlite3`. All
+per-row work is vectorized in SQL or Polars. Safety: the file is opened read-only and hardened
+(:mod:`.sqlite_safe`), only real tables are read (never views), and every failure becomes an
+:class:`InputError`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from traceguard import model
+from traceguard.errors import InputError
+from traceguard.ingest.cache import gunzip_cached
+from traceguard.ingest.sqlite_safe import (
+    SAFE_PRAGMAS,
+    open_readonly,
+    readonly_uri,
+    real_tables,
+    table_columns,
+    wrap_sqlite_error,
+)
+from traceguard.model import Capture
+
+try:  # the declared dependency; the sqlite3 path below is the (slow) fallback
+    import adbc_driver_manager
+    import adbc_driver_sqlite.dbapi as _adbc
+
+    #: ADBC raises its own errors from execute and plain OSError from Arrow stream reads.
+    _ADBC_ERRORS: tuple[type[Exception], ...] = (OSError, adbc_driver_manager.Error)
+except ImportError:  # pragma: no cover - adbc-driver-sqlite is a hard dependency
+    _adbc = None
+    _ADBC_ERRORS = (OSError,)
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
+NVTX = "NVTX_EVENTS"
+META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2024.5+ name first, 2022.x second
+
+NVTX_PUSH_POP = 59
+NVTX_START_END = 60
+NVTX_DOMAIN_CREATE = 75
+
+#: Synthetic names for copies and sets (nsys records no name for them). Negative ids cannot
+#: collide with ``StringIds`` (which are non-negative).
+MEMCPY_NAME_IDS: dict[str, int] = {kind: -(1 + i) for i, kind in enumerate(model.COPY_KINDS)}
+MEMSET_NAME_ID = -(len(model.COPY_KINDS) + 1)
+SYNTHETIC_STRINGS: dict[int, str] = {
+    **{name_id: f"Memcpy {kind}" for kind, name_id in MEMCPY_NAME_IDS.items()},
+    MEMSET_NAME_ID: "Memset",
+}
+
+#: Environment variables of the profiled command worth keeping (rank resolution, NCCL tuning).
+#: An allowlist on purpose: captured environments hold secrets (tokens, keys).
+_ENV_KEEP_PREFIXES = ("NCCL_", "TORCH_NCCL_", "OMPI_COMM_WORLD_")
+_ENV_KEEP = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCHELASTIC_RUN_ID",
+    "CUDA_VERSION",
+    "NV_LIBNCCL_PACKAGE_VERSION",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMI_LOCAL_RANK",
+    "PMI_LOCAL_SIZE",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NNODES",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+}
+_ENV_SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+#: Rows per Arrow batch from ADBC. The driver's default (1024) spends ~30% of a 10 M-row read on
+#: per-batch overhead; 256 k rows (~2 MB per column) removes that and keeps batches small.
+_BATCH_ROWS = 1 << 18
+#: Above this many CUDA API rows (``max(rowid)``, exact enough) the API tables are read in a
+#: second process while this one reads the GPU tables: ADBC holds the GIL, so threads would not
+#: overlap, and the API tables are the largest in a capture (2-3 rows per GPU op).
+PARALLEL_API_ROWS = 2_000_000
+#: The worker's share of the largest API table. The worker starts an interpreter (≈0.5 s) and
+#: reads only API rows; this process reads the GPU and NVTX tables (≈ as many bytes as 70% of the
+#: API rows on real captures) and then the rest.
+WORKER_SHARE = 0.7
+#: The same for the launches-only read, where the worker's rows (filtered to launch calls) cost
+#: it less each: measured on the 10 M-kernel capture, 0.92 has both processes finish together.
+LAUNCHES_WORKER_SHARE = 0.92
+
+#: CUDA API calls that put work on a GPU (kernel, cooperative and graph launches, every memcpy and
+#: memset variant, runtime and driver, any version or ``_ptsz``/``_ptds`` suffix). The
+#: launches-only read keeps just these rows; an op launched by any other call is still found (see
+#: :meth:`_Reader.attach_launches`).
+LAUNCH_API = re.compile(r"^cu(?:da)?(?:Launch|GraphLaunch|Memcpy|Memset)")
+#: Up to this many correlation ids of ops with no launch among the launch rows are re-read by
+#: id; more, and the API tables are read whole.
+REREAD_IDS = 20_000
+
+_INT = "int"
+_TEXT = "text"
+_BLOB = "blob"
+_DTYPES: dict[str, pl.DataType] = {_INT: pl.Int64(), _TEXT: pl.String(), _BLOB: pl.Binary()}
+
+
+def looks_like_nsys(conn: sqlite3.Connection) -> bool:
+    """True when the database has nsys's string table and nsys's metadata or event tables."""
+    return _looks_like_nsys(real_tables(conn))
+
+
+def _looks_like_nsys(tables: set[str]) -> bool:
+    if "StringIds" not in tables:
+        return False
+    return any(t in tables for t in (*META_TABLES, NVTX)) or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables)
+
+
+def _is_gzip(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2) == b"\x1f\x8b"
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
+
+
+def read_nsys_sqlite(path: Path, *, source_path: str | None = None, launches_only: bool = False) -> Capture:
+    """Read one nsys SQLite export (or a gzipped one) into the normalized model; rank stays null.
+
+    ``source_path`` is what reports should call the file (e.g. the original ``.nsys-rep`` when
+    this is a cached export); by default ``path`` itself.
+
+    ``launches_only`` (what the analysis reads): only the CUDA API rows that can launch GPU work
+    are read (:data:`LAUNCH_API`, plus a re-read by correlation id for any op they miss), each
+    GPU op gets its launch as the :data:`model.LAUNCH_SCHEMA` columns, and ``api_calls`` is left
+    empty. The launch columns are exactly what joining the full ``api_calls`` gives.
+    """
+    path = Path(path)
+    shown = source_path or str(path)
+    if not path.is_file():
+        raise InputError(f"{shown}: no such file.")
+    db = gunzip_cached(path) if _is_gzip(path) else path
+    try:
+        conn = open_readonly(db)
+    except InputError as exc:
+        raise InputError(exc.message.replace(str(db), shown, 1), hint=exc.hint) from exc
+    reader = _Reader(conn, db, shown, launches_only=launches_only)
+    try:
+        capture = reader.read()
+        _release_free_memory()
+        return capture
+    except sqlite3.Error as exc:
+        raise wrap_sqlite_error(shown, exc) from exc
+    except _ADBC_ERRORS as exc:
+        raise wrap_sqlite_error(shown, exc) from exc
+    finally:
+        reader.close()
+
+
+class _Reader:
+    """One read of one file: the sqlite3 connection for small tables, ADBC for event tables."""
+
+    def __init__(self, conn: sqlite3.Connection, db: Path, shown: str, *, launches_only: bool = False) -> None:
+        self.launches_only = launches_only
+        self.conn = conn
+        self.db = db
+        self.shown = shown
+        self.tables = real_tables(conn)
+        self._columns: dict[str, set[str]] = {}
+        self._adbc: Any = None
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._adbc is not None:
+            self._adbc.close()
+            self._adbc = None
+        self.conn.close()
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self._columns:
+            self._columns[table] = set(table_columns(self.conn, table)) if table in self.tables else set()
+        return self._columns[table]
+
+    def small(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Small tables only (metadata, enums, GPU info): plain sqlite3."""
+        return self.conn.execute(sql, params).fetchall()
+
+    def _adbc_conn(self) -> Any:
+        if self._adbc is None:
+            self._adbc = _adbc_connect(self.db)
+        return self._adbc
+
+    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str = "") -> pl.DataFrame:
+        """Read ``spec`` = [(alias, SQL expression over existing columns, kind)] from ``table``.
+
+        Goes through ADBC/Arrow. ADBC infers each column's type from the first rows and fails
+        if a later row differs (NULLs first, text later), so text and blobs are made non-null in
+        SQL (with a ``<alias>__null`` flag for text) and, on a type mismatch, integer columns are
+        CAST explicitly and the query retried (≈25% slower, so not the default).
+        """
+        for attempt in ("plain", "cast"):
+            sql = self._select(table, spec, where, cast=attempt == "cast")
+            try:
+                frame = self._fetch(sql)
+            except _ADBC_ERRORS as exc:
+                if attempt == "plain" and "type mismatch" in str(exc).lower():
+                    continue
+                raise
+            break
+        types = {alias: _DTYPES[kind] for alias, _, kind in spec}
+        types.update({f"{alias}__null": pl.Int64() for alias, _, kind in spec if kind == _TEXT})
+        return frame.cast({name: dtype for name, dtype in types.items() if name in frame.columns})
+
+    @staticmethod
+    def _select(table: str, spec: Sequence[tuple[str, str, str]], where: str, *, cast: bool) -> str:
+        parts: list[str] = []
+        for alias, expr, kind in spec:
+            if kind == _TEXT:
+                parts.append(f"IFNULL(CAST({expr} AS TEXT), '') AS {alias}")
+                parts.append(f"({expr}) IS NULL AS {alias}__null")
+            elif kind == _BLOB:
+                parts.append(f"IFNULL(CAST({expr} AS BLOB), X'') AS {alias}")
+            else:
+                parts.append(f"CAST({expr} AS INTEGER) AS {alias}" if cast else f"{expr} AS {alias}")
+        quoted = table.replace('"', '""')
+        return f'SELECT {", ".join(parts)} FROM "{quoted}" {where}'
+
+    def _fetch(self, sql: str) -> pl.DataFrame:
+        if _adbc is None:  # pragma: no cover
+            cursor = self.conn.execute(sql)
+            names = [d[0] for d in cursor.description]
+            return pl.DataFrame(cursor.fetchall(), schema=names, orient="row", infer_schema_length=None)
+        cursor = self._adbc_conn().cursor()
+        try:
+            cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
+            cursor.execute(sql)
+            table = cursor.fetch_arrow_table()
+        finally:
+            cursor.close()
+        frame = pl.from_arrow(table, rechunk=False)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    # -- the model -----------------------------------------------------------------------------
+
+    def read(self) -> model.Capture:
+        if not _looks_like_nsys(self.tables):
+            found = ", ".join(sorted(self.tables)[:8]) or "no tables"
+            raise InputError(
+                f"{self.shown} is a SQLite database but not an nsys export: it lacks nsys's "
+                f"StringIds and metadata/CUPTI/NVTX tables (found: {found}).",
+                hint="export the capture with `nsys export --type sqlite -o X.sqlite X.nsys-rep`",
+            )
+        strings = self.strings()
+        launch_ids = self.launch_name_ids(strings) if self.launches_only else None
+        pending = self.start_api_calls(launch_ids)
+        try:
+            domains = self.domain_names()
+            info = self.info(domains)
+            gpu_ops = self.gpu_ops()
+            ranges = self.ranges(strings, domains)
+            api_calls = self.finish_api_calls(pending, launch_ids)
+        finally:
+            pending.close()
+        if launch_ids is not None:
+            gpu_ops = self.attach_launches(gpu_ops, api_calls)
+            api_calls = model.empty(model.API_CALLS_SCHEMA)
+        all_strings = pl.concat(
+            [
+                strings,
+                pl.DataFrame(
+                    {"id": list(SYNTHETIC_STRINGS), "value": list(SYNTHETIC_STRINGS.values())},
+                    schema=model.STRINGS_SCHEMA,
+                ),
+            ]
+        )
+        return model.Capture(
+            info=info,
+            gpu_ops=gpu_ops,
+            api_calls=api_calls,
+            ranges=ranges,
+            devices=self.devices(),
+            processes=self.processes(),
+            strings=model.conform(all_strings, model.STRINGS_SCHEMA),
+        )
+
+    def strings(self) -> pl.DataFrame:
+        frame = self.bulk("StringIds", [("id", "id", _INT), ("value", "value", _TEXT)])
+        return model.conform(frame.drop("value__null"), model.STRINGS_SCHEMA)
+
+    def meta(self) -> dict[str, str]:
+        values: dict[str, str] = {}
+        for table in reversed(META_TABLES):  # newer table wins
+            if table in self.tables and {"name", "value"} <= self.columns(table):
+                for name, value in self.small(f"SELECT name, value FROM {table}"):
+                    if isinstance(name, str) and value is not None:
+                        values[name] = str(value)
+        return values
+
+    def domain_names(self) -> dict[int, str]:
+        """domainId → name from NVTX domain-create rows (eventType 75)."""
+        cols = self.columns(NVTX)
+        if not {"eventType", "domainId"} <= cols:
+            return {}
+        text = "text" if "text" in cols else "NULL"
+        text_id = "textId" if "textId" in cols else "NULL"
+        rows = self.small(
+            f"SELECT n.domainId, COALESCE(n.{text}, (SELECT value FROM StringIds s WHERE s.id = n.{text_id}))"
+            f" FROM {NVTX} n WHERE n.eventType = ?",
+            (NVTX_DOMAIN_CREATE,),
+        )
+        names: dict[int, str] = {}
+        for domain_id, name in rows:
+            if isinstance(domain_id, int) and isinstance(name, str):
+                names.setdefault(domain_id, name)
+        return names
+
+    def info(self, domains: dict[int, str]) -> model.CaptureInfo:
+        meta = self.meta()
+        env: dict[str, str] = {}
+        capture_host = self.system_hostname()
+        for key, target in (
+            ("EXPORT_HOST", "export_host"),
+            ("EXPORT_TIME_UTC", "export_time_utc"),
+            ("EXPORT_PLATFORM", "export_platform"),
+        ):
+            if meta.get(key):
+                env[target] = meta[key]
+        if capture_host:
+            env["capture_host"] = capture_host
+        env.update(self.captured_environment())
+        tables = self.tables
+        capture_types = self.capture_event_types()
+        notes: list[str] = []
+        if "TARGET_INFO_GPU" not in tables:
+            notes.append("no TARGET_INFO_GPU table: GPU names and bus ids are not available")
+        return model.CaptureInfo(
+            path=self.shown,
+            format="nsys-sqlite",
+            tool="nsys",
+            tool_version=meta.get("EXPORT_PRODUCT_VERSION"),
+            schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
+            # The machine that ran the job (TARGET_INFO_SYSTEM_ENV) is what rank resolution
+            # needs; EXPORT_HOST is where `nsys export` ran, often a laptop.
+            host=capture_host or meta.get("EXPORT_HOST") or None,
+            nvtx_domains=list(dict.fromkeys(domains.values())),
+            has_gpu_trace=any(t in tables for t in (KERNEL, MEMCPY, MEMSET)) or "Cuda" in capture_types,
+            has_api_trace=any(t in tables for t in (RUNTIME, DRIVER)) or "Cuda" in capture_types,
+            has_ranges=NVTX in tables or "NvtxEvents" in capture_types,
+            env=env,
+            notes=notes,
+        )
+
+    def system_hostname(self) -> str | None:
+        table = "TARGET_INFO_SYSTEM_ENV"
+        if table not in self.tables or not {"name", "value"} <= self.columns(table):
+            return None
+        rows = self.small(f"SELECT value FROM {table} WHERE name = 'Hostname' AND value <> ''")
+        return str(rows[0][0]) if rows else None
+
+    def capture_event_types(self) -> set[str]:
+        table = "META_DATA_CAPTURE"
+        if table not in self.tables or not {"name", "value"} <= self.columns(table):
+            return set()
+        rows = self.small(f"SELECT value FROM {table} WHERE name = 'CAPTURE_EVENT_TYPE'")
+        return {str(value) for (value,) in rows}
+
+    def captured_environment(self) -> dict[str, str]:
+        """Allowlisted variables of the profiled command, plus its command line."""
+        table = "META_DATA_CAPTURE"
+        if table not in self.tables or not {"name", "value"} <= self.columns(table):
+            return {}
+        rows = self.small(
+            f"SELECT name, value FROM {table} WHERE name LIKE 'PROCESS_%' AND "
+            "(name LIKE '%:ENVIRONMENT_VARIABLE' OR name LIKE '%:COMMAND' OR name LIKE '%:ARGUMENT_%')"
+        )
+        env: dict[str, str] = {}
+        command: list[str] = []
+        for name, value in rows:
+            if not isinstance(name, str) or not isinstance(value, str):
+                continue
+            if name.endswith(":ENVIRONMENT_VARIABLE"):
+                key, _, raw = value.partition("=")
+                keep = key in _ENV_KEEP or key.startswith(_ENV_KEEP_PREFIXES)
+                if keep and not any(word in key for word in _ENV_SECRET_WORDS):
+                    env.setdefault(key, raw[1:-1] if raw[:1] == raw[-1:] == '"' else raw)
+            elif name.startswith("PROCESS_0:"):
+                command.append(value)
+        if command:
+            env["command"] = " ".join(command)
+        return env
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _gpu_spec(self, table: str, extra: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """Raw columns only: SQL expressions cost SQLite time per row, Polars does them in bulk.
+
+        ``streamId`` is not read: no metric uses it (the model keeps the column, null here).
+        """
+        cols = self.columns(table)
+        return [
+            (alias, column, _INT)
+            for alias, column in (
+                ("start", "start"),
+                ("end", "end"),
+                ("device", "deviceId"),
+                ("correlation_id", "correlationId"),
+                ("global_pid", "globalPid"),
+                *extra,
+            )
+            if column in cols
+        ]
+
+    def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]]) -> pl.DataFrame:
+        frame = self.bulk(table, self._gpu_spec(table, extra))
+        if "global_pid" in frame.columns:
+            frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
+        return frame
+
+    def enum_names(self, table: str) -> dict[int, str]:
+        if table not in self.tables or not {"id", "name"} <= self.columns(table):
+            return {}
+        return {
+            code: name
+            for code, name in self.small(f"SELECT id, name FROM {table}")
+            if isinstance(code, int) and isinstance(name, str)
+        }
+
+    def copy_kind_map(self) -> dict[int, str]:
+        """copyKind code → model copy kind, from the file's own enum table when it has one."""
+        names = self.enum_names("ENUM_CUDA_MEMCPY_OPER")
+        if not names:  # 2022.x exports: the documented constants
+            return dict(enumerate(model.COPY_KINDS))
+        known = {kind.upper(): kind for kind in model.COPY_KINDS}
+        out: dict[int, str] = {}
+        for code, name in names.items():
+            key = name.upper().removeprefix("CUDA_MEMCPY_KIND_").replace("UVM_", "UNIFIED_")
+            out[code] = known.get(key, "unknown")
+        return out
+
+    def mem_kind_map(self) -> dict[int, str]:
+        names = self.enum_names("ENUM_CUDA_MEM_KIND")
+        if not names:
+            return dict(enumerate(model.MEM_KINDS))
+        known = set(model.MEM_KINDS)
+        out: dict[int, str] = {}
+        for code, name in names.items():
+            key = name.upper().removeprefix("CUDA_MEMOPR_MEMORY_KIND_").lower()
+            out[code] = key if key in known else "unknown"
+        return out
+
+    def gpu_ops(self) -> pl.DataFrame:
+        frames: list[pl.DataFrame] = []
+        if KERNEL in self.tables:
+            cols = self.columns(KERNEL)
+            name_col = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
+            extra = [("name_id", name_col)] if name_col else []
+            kernels = self._gpu_bulk(KERNEL, extra)
+            frames.append(kernels.with_columns(pl.lit("kernel", dtype=model.OpKind).alias("kind")))
+        if MEMCPY in self.tables:
+            extra = [("bytes", "bytes"), ("copy_code", "copyKind"), ("src_code", "srcKind")]
+            extra.append(("dst_code", "dstKind"))
+            copies = self._gpu_bulk(MEMCPY, extra)
+            frames.append(self._map_copies(copies))
+        if MEMSET in self.tables:
+            sets = self._gpu_bulk(MEMSET, [("bytes", "bytes")])
+            frames.append(
+                sets.with_columns(
+                    pl.lit("memset", dtype=model.OpKind).alias("kind"),
+                    pl.lit(MEMSET_NAME_ID, dtype=pl.Int64).alias("name_id"),
+                )
+            )
+        if not frames:
+            return model.empty(model.GPU_OPS_SCHEMA)
+        conformed = [model.conform(frame, model.GPU_OPS_SCHEMA) for frame in frames]
+        return pl.concat(conformed, how="vertical", rechunk=False)
+
+    def _map_copies(self, copies: pl.DataFrame) -> pl.DataFrame:
+        copy_map = self.copy_kind_map()
+        mem_map = self.mem_kind_map()
+
+        def mapped(code: str, mapping: dict[int, str], dtype: pl.Enum, alias: str) -> pl.Expr:
+            if code not in copies.columns:
+                return pl.lit(None, dtype=dtype).alias(alias)
+            return pl.col(code).replace_strict(mapping, default="unknown", return_dtype=dtype).alias(alias)
+
+        copies = copies.with_columns(
+            mapped("copy_code", copy_map, model.CopyKind, "copy_kind"),
+            mapped("src_code", mem_map, model.MemKind, "src_kind"),
+            mapped("dst_code", mem_map, model.MemKind, "dst_kind"),
+            pl.lit("memcpy", dtype=model.OpKind).alias("kind"),
+        )
+        # Enum physical code = index into COPY_KINDS, so the synthetic id is arithmetic.
+        name_id = -(pl.col("copy_kind").to_physical().cast(pl.Int64) + 1)
+        return copies.with_columns(name_id.fill_null(MEMCPY_NAME_IDS["unknown"]).alias("name_id"))
+
+    def api_tables(self) -> list[str]:
+        return [t for t in (RUNTIME, DRIVER) if t in self.tables]
+
+    def launch_name_ids(self, strings: pl.DataFrame) -> list[int]:
+        """``StringIds`` of the API calls :data:`LAUNCH_API` names."""
+        hits = strings.filter(pl.col("value").str.contains(LAUNCH_API.pattern))
+        return sorted(int(i) for i in hits["id"].to_list())
+
+    def api_calls(
+        self, parts: Sequence[tuple[str, str]] | None = None, launch_ids: Sequence[int] | None = None
+    ) -> pl.DataFrame:
+        """CUDA runtime/driver calls: every row of ``parts`` = [(table, SQL condition or "")]
+        (default: all API tables whole), in that order, and only launch calls when
+        ``launch_ids`` is given. ``end`` is not read (no metric uses it)."""
+        if parts is None:
+            parts = [(table, "") for table in self.api_tables()]
+        frames = [
+            model.conform(self.api_table(table, cond, launch_ids), model.API_CALLS_SCHEMA) for table, cond in parts
+        ]
+        if not frames:
+            return model.empty(model.API_CALLS_SCHEMA)
+        return pl.concat(frames, how="vertical", rechunk=False)
+
+    def api_table(self, table: str, condition: str = "", launch_ids: Sequence[int] | None = None) -> pl.DataFrame:
+        """One API table's columns as the model types them, minus the null ones; rows meeting
+        ``condition`` (SQL) and, with ``launch_ids``, only calls of those names."""
+        cols = self.columns(table)
+        conditions = [condition] if condition else []
+        if launch_ids is not None and "nameId" in cols:
+            conditions.append(f"nameId IN ({_int_list(launch_ids)})")
+        where = "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
+        spec = [
+            (alias, column, _INT)
+            for alias, column in (
+                ("start", "start"),
+                ("correlation_id", "correlationId"),
+                ("name_id", "nameId"),
+                ("global_tid", "globalTid"),
+            )
+            if column in cols
+        ]
+        frame = self.bulk(table, spec, where)
+        if "global_tid" in frame.columns:
+            tid = pl.col("global_tid")
+            frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
+        types = model.API_CALLS_SCHEMA
+        return frame.cast({name: types[name] for name in frame.columns})
+
+    def attach_launches(self, gpu_ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
+        """``gpu_ops`` plus the :data:`model.LAUNCH_SCHEMA` columns, from the launch rows read.
+
+        An op whose (pid, correlation id) no launch row has was launched by a call outside
+        :data:`LAUNCH_API`: the API rows with those correlation ids are read again, unfiltered,
+        and joined to exactly those ops (their keys cannot match a launch row, so the first such
+        call is the first in the full tables too). Many such ids: everything is read and joined.
+        """
+        rows = model.launch_rows(gpu_ops, launches)
+        columns = model.gather_launches(launches, rows)
+        keyed = gpu_ops["pid"].is_not_null() & gpu_ops["correlation_id"].is_not_null()
+        missing = (rows.is_null() & keyed).arg_true()
+        if missing.len() == 0:
+            return gpu_ops.with_columns(columns)
+        wanted = gpu_ops["correlation_id"].gather(missing).unique().sort()
+        if wanted.len() > REREAD_IDS:
+            return model.join_launches(gpu_ops, self.api_calls())
+        parts = [(table, f"correlationId IN ({_int_list(wanted.to_list())})") for table in self.api_tables()]
+        others = self.api_calls(parts)
+        found = model.gather_launches(others, model.launch_rows(gpu_ops[missing], others))
+        return gpu_ops.with_columns(col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True))
+
+    def start_api_calls(self, launch_ids: Sequence[int] | None = None) -> _PendingApiCalls:
+        """Start reading the API tables in a second process when they are big and a core is free.
+
+        The worker takes the first :data:`WORKER_SHARE` of the largest API table's rowids; this
+        process reads the rest of the API rows after its own tables (GPU activity, NVTX), which
+        evens out the two processes' work. Rows keep their order: worker part, then the rest.
+        """
+        tables = self.api_tables()
+        if _adbc is None or not sys.executable or _free_cores() < 2 or not tables:
+            return _PendingApiCalls(None, [])
+        bounds: dict[str, tuple[str, int, int]] = {}
+        for table in tables:
+            # The rowid under a name no column shadows (a crafted file could define "rowid").
+            rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in self.columns(table)), None)
+            if rowid is None:
+                return _PendingApiCalls(None, [])
+            quoted = table.replace('"', '""')
+            try:
+                # Two queries: SQLite answers a lone min() or max() of the rowid from the b-tree's
+                # ends, but both in one query scan the whole table.
+                low = self.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0]
+                high = self.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0]
+            except sqlite3.Error:  # e.g. a WITHOUT ROWID table: read it the plain way
+                return _PendingApiCalls(None, [])
+            bounds[table] = (rowid, int(low), int(high))
+        if sum(high - low + 1 for _, low, high in bounds.values()) < PARALLEL_API_ROWS:
+            return _PendingApiCalls(None, [])
+        big = max(tables, key=lambda t: bounds[t][2] - bounds[t][1])
+        rowid, low, high = bounds[big]
+        share = WORKER_SHARE if launch_ids is None else LAUNCHES_WORKER_SHARE
+        cut = low + int((high - low) * share)
+        rest: list[tuple[str, str]] = []
+        for table in tables:
+            rest.append((table, f"{rowid} > {cut}") if table == big else (table, ""))
+        try:
+            workdir = tempfile.mkdtemp(prefix="traceguard-", dir=_scratch_dir())
+        except OSError:
+            return _PendingApiCalls(None, [])
+        # A fresh interpreter (not multiprocessing: its spawn re-imports the caller's __main__,
+        # and fork is unsafe once Polars' threads run). Arguments only; no shell.
+        target = str(Path(workdir) / "api.arrow")
+        names = "-" if launch_ids is None else _int_list(launch_ids)
+        command = [sys.executable, "-c", _WORKER_CODE, str(self.db), target, big, rowid, str(cut), names]
+        try:
+            # Quiet: if the worker fails, this process reads everything and reports the error.
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        except OSError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return _PendingApiCalls(None, [])
+        return _PendingApiCalls(process, rest, workdir, target)
+
+    def finish_api_calls(self, pending: _PendingApiCalls, launch_ids: Sequence[int] | None = None) -> pl.DataFrame:
+        """The worker's part plus the rest read here; on any failure of the worker, everything is
+        read here (which raises the real error, as a single-process read would)."""
+        if pending.process is None:
+            return self.api_calls(None, launch_ids)
+        rest = self.api_calls(pending.rest, launch_ids)
+        mapped = pending.result()
+        if mapped is None:
+            return self.api_calls(None, launch_ids)
+        first = model.conform(_mapped_ipc(mapped), model.API_CALLS_SCHEMA)
+        return pl.concat([first, rest], how="vertical", rechunk=False)
+
+    def payload_offsets(self) -> dict[int, int]:
+        """domainId → byte offset of the uint64 "Message size [bytes]" field in ``binaryData``.
+
+        Only domains whose schemas all agree on one offset: NVTX_EVENTS does not say which
+        schema an event used, so a domain with conflicting offsets cannot be decoded safely.
+        """
+        table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+        if table not in self.tables or not {"domainId", "name", "offset"} <= self.columns(table):
+            return {}
+        rows = self.small(f"SELECT DISTINCT domainId, offset FROM {table} WHERE name LIKE 'Message size%'")
+        offsets: dict[int, set[int]] = {}
+        for domain_id, offset in rows:
+            if isinstance(domain_id, int) and isinstance(offset, int) and offset >= 0:
+                offsets.setdefault(domain_id, set()).add(offset)
+        return {d: next(iter(o)) for d, o in offsets.items() if len(o) == 1}
+
+    def ranges(self, strings: pl.DataFrame, domains: dict[int, str]) -> pl.DataFrame:
+        cols = self.columns(NVTX)
+        if NVTX not in self.tables or not {"start", "end", "eventType"} <= cols:
+            return model.empty(model.RANGES_SCHEMA)
+        spec: list[tuple[str, str, str]] = [("start", "start", _INT), ("end", "end", _INT)]
+        if "globalTid" in cols:
+            spec.append(("global_tid", "globalTid", _INT))
+        spec.append(("text", "text" if "text" in cols else "NULL", _TEXT))
+        spec.append(("text_id", "textId" if "textId" in cols else "NULL", _INT))
+        spec.append(("domain_id", "domainId" if "domainId" in cols else "NULL", _INT))
+        offsets = self.payload_offsets()
+        if offsets and "binaryData" in cols:
+            spec.append(("payload", "binaryData", _BLOB))
+        where = f"WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND end IS NOT NULL"
+        frame = self.bulk(NVTX, spec, where)
+        if frame.height == 0:
+            return model.empty(model.RANGES_SCHEMA)
+        if "global_tid" in frame.columns:
+            tid = pl.col("global_tid")
+            frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
+        frame = frame.join(
+            strings.select(pl.col("id").cast(pl.Int64).alias("text_id"), pl.col("value").alias("id_text")),
+            on="text_id",
+            how="left",
+            maintain_order="left",
+        )
+        name = pl.when(pl.col("text__null") == 1).then(pl.col("id_text")).otherwise(pl.col("text"))
+        domain_id = pl.col("domain_id")
+        domain = (
+            pl.when(domain_id.is_null() | (domain_id == 0))
+            .then(pl.lit(None, dtype=pl.String))
+            .otherwise(
+                domain_id.replace_strict(domains, default=pl.format("domain {}", domain_id), return_dtype=pl.String)
+            )
+        )
+        payload = pl.lit(None, dtype=pl.Int64)
+        if "payload" in frame.columns:
+            frame = frame.with_columns(_payload_base(pl.col("payload")).alias("payload_base"))
+            bases = [b for b in frame["payload_base"].unique().to_list() if b is not None]
+            for domain_key, offset in offsets.items():  # one expression per domain and base, not per event
+                for base in bases:
+                    value = (
+                        pl.col("payload")
+                        .bin.slice(base + offset, 8)
+                        .bin.reinterpret(dtype=pl.UInt64, endianness="little")
+                        .cast(pl.Int64, strict=False)
+                    )
+                    hit = (domain_id == domain_key) & (pl.col("payload_base") == base)
+                    hit = hit & (pl.col("payload").bin.size() >= base + offset + 8)
+                    payload = pl.when(hit).then(value).otherwise(payload)
+        frame = frame.with_columns(
+            name.alias("name"),
+            domain.alias("domain"),
+            payload.alias("payload_bytes"),
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("range_id"),
+        )
+        nested = model.nest_ranges(model.conform(frame, model.RANGES_SCHEMA))
+        return model.conform(nested, model.RANGES_SCHEMA)
+
+    def devices(self) -> pl.DataFrame:
+        table = "TARGET_INFO_GPU"
+        cols = self.columns(table)
+        if table not in self.tables or not ({"cuDevice", "id"} & cols):
+            return model.empty(model.DEVICES_SCHEMA)
+        device = "cuDevice" if "cuDevice" in cols else "id"
+        if device == "cuDevice" and "id" in cols:
+            device = "COALESCE(cuDevice, id)"
+        select = [f"{device} AS device"]
+        for alias, column in (("name", "name"), ("bus_id", "busLocation"), ("sm_count", "smCount")):
+            select.append(f"{column} AS {alias}" if column in cols else f"NULL AS {alias}")
+        rows = self.small(f"SELECT DISTINCT {', '.join(select)} FROM {table}")
+        frame = pl.DataFrame(
+            rows,
+            schema={"device": pl.Int64, "name": pl.String, "bus_id": pl.String, "sm_count": pl.Int64},
+            orient="row",
+            strict=False,
+        )
+        return model.conform(frame.unique("device", keep="first", maintain_order=True), model.DEVICES_SCHEMA)
+
+    def processes(self) -> pl.DataFrame:
+        table = "PROCESSES"
+        cols = self.columns(table)
+        if table not in self.tables or not ({"globalPid", "pid"} & cols):
+            return model.empty(model.PROCESSES_SCHEMA)
+        pid = "(globalPid >> 24) & 16777215" if "globalPid" in cols else "pid"
+        name = "name" if "name" in cols else "NULL"
+        rows = self.small(f"SELECT {pid}, {name} FROM {table}")
+        frame = pl.DataFrame(rows, schema={"pid": pl.Int64, "name": pl.String}, orient="row", strict=False)
+        return model.conform(frame.unique("pid", keep="first", maintain_order=True), model.PROCESSES_SCHEMA)
+
+
+def _u64_at(blob: pl.Expr, offset: int) -> pl.Expr:
+    return blob.bin.slice(offset, 8).bin.reinterpret(dtype=pl.UInt64, endianness="little").cast(pl.Int64)
+
+
+def _payload_base(blob: pl.Expr) -> pl.Expr:
+    """Where the payload starts inside ``binaryData``.
+
+    nsys 2025.3 (``--include-blobs=true``) stores the NVTX extended payload as a header —
+    uint64 count, then per payload uint64 schema id, size, and the payload's offset in the
+    blob — followed by the payload itself (seen: ``count=1``, offset 32). A blob without that
+    header is taken as the bare payload.
+    """
+    has_header = (blob.bin.size() >= 32) & (_u64_at(blob, 0) == 1)
+    header_offset = _u64_at(blob, 24)
+    sane = has_header & (header_offset >= 32) & (header_offset < blob.bin.size())
+    return pl.when(sane).then(header_offset).otherwise(pl.lit(0, dtype=pl.Int64))
+
+
+def _release_free_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc only; elsewhere nothing).
+
+    The read frees hundreds of MB of Arrow batches in pieces small enough for glibc to keep in
+    its heap; returned now, they do not add to the analysis's peak memory."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+
+
+def _int_list(values: Sequence[int]) -> str:
+    """Integers as an SQL list (``NULL`` for none, which matches nothing); never text."""
+    return ",".join(str(int(v)) for v in values) or "NULL"
+
+
+def _pid_of(global_id: pl.Expr) -> pl.Expr:
+    """``(globalTid >> 24) & 0xFFFFFF`` as SQLite computes it (floor division = arithmetic shift)."""
+    return (global_id // (1 << 24)) & 0xFFFFFF
+
+
+def _tid_of(global_tid: pl.Expr) -> pl.Expr:
+    return global_tid & 0xFFFFFF
+
+
+def _adbc_connect(db: Path) -> Any:
+    """ADBC connection opened read-only and hardened like :func:`.sqlite_safe.open_readonly`."""
+    conn = _adbc.connect(readonly_uri(db))
+    cursor = conn.cursor()
+    try:
+        for pragma in SAFE_PRAGMAS:
+            cursor.execute(pragma)
+    except BaseException:
+        cursor.close()
+        conn.close()
+        raise
+    cursor.close()
+    return conn
+
+
+def _free_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _scratch_dir() -> str | None:
+    """RAM-backed ``/dev/shm`` when there is one (the hand-over never touches a disk)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+_WORKER_CODE = (
+    "import sys; from traceguard.ingest.nsys_sqlite import _api_calls_worker; _api_calls_worker(sys.argv[1:])"
+)
+
+
+def _mapped_ipc(path: str) -> pl.DataFrame:
+    """An Arrow IPC file as a frame over the memory-mapped file (no copy, no parse)."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    with pa.memory_map(path) as source:
+        table = pyarrow.ipc.open_file(source).read_all()
+    frame = pl.from_arrow(table, rechunk=False)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _api_calls_worker(argv: list[str]) -> None:
+    """In the child process: read ``table``'s rows up to rowid ``cut`` (same hardened read-only
+    opening) and hand them over as an uncompressed Arrow IPC file, which the parent memory-maps
+    instead of copying. ``argv`` = database, output file, table, rowid name, cut, and the launch
+    name ids to keep (comma-separated; ``-`` for every row). The file is
+    renamed into place only once complete, and the parent also checks the exit status."""
+    db, target, table, rowid, cut, names = argv
+    if rowid not in ("rowid", "_rowid_", "oid"):
+        raise SystemExit(2)
+    launch_ids = None if names == "-" else [int(i) for i in names.split(",") if i]
+    path = Path(db)
+    reader = _Reader(open_readonly(path), path, db)
+    try:
+        partial = Path(target).with_suffix(".partial")
+        frame = reader.api_table(table, f"{rowid} <= {int(cut)}", launch_ids)
+        frame.write_ipc(partial, compression="uncompressed")
+        partial.rename(target)
+    finally:
+        reader.close()
+
+
+class _PendingApiCalls:
+    """A worker process reading part of the API tables (``rest`` is what it leaves), or none."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes] | None,
+        rest: list[tuple[str, str]],
+        workdir: str = "",
+        target: str = "",
+    ) -> None:
+        self.process = process
+        self.rest = rest
+        self.workdir = workdir
+        self.target = target
+
+    def result(self) -> str | None:
+        """The worker's file, or None when there is no worker or it failed."""
+        if self.process is None:
+            return None
+        if self.process.wait() != 0 or not Path(self.target).is_file():
+            return None
+        return self.target
+
+    def close(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:  # the parent failed first: stop the worker
+                self.process.kill()
+            self.process.wait()
+            self.process = None
+        if self.workdir:
+            # Mapped files stay readable after their names are gone (POSIX).
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = ""

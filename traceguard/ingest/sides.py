@@ -1,0 +1,135 @@
+"""Side inputs of a run: NCCL_DEBUG logs, ``nvidia-smi dmon`` / ``topo -m`` / ``-q`` output and
+collective-benchmark output (nccl-tests format). Given explicitly or found in a run bundle by
+content; each parsed by its own module and gathered into :class:`SideData`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import polars as pl
+
+from traceguard.errors import InputError
+from traceguard.ingest.nccl_log import NcclLog, looks_like_nccl_log, read_nccl_logs
+
+KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q")
+_MAX_SIDE_BYTES = 64 << 20
+T = TypeVar("T")  # side files are text of a few MB at most
+
+
+@dataclass
+class SideData:
+    """Parsed side inputs of one run (any may be missing)."""
+
+    nccl: NcclLog | None = None
+    nvlink_pairs: set[frozenset[int]] | None = None
+    dmon: pl.DataFrame | None = None
+    pcie_rated_mb_s: dict[int, float] | None = None
+    nccl_tests: pl.DataFrame | None = None
+    sources: dict[str, list[str]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SideFiles:
+    nccl_log: list[Path] = field(default_factory=list)
+    dmon: list[Path] = field(default_factory=list)
+    nccl_tests: list[Path] = field(default_factory=list)
+    topo: list[Path] = field(default_factory=list)
+    smi_q: list[Path] = field(default_factory=list)
+
+    def extend(self, other: SideFiles) -> None:
+        for kind in KINDS:
+            getattr(self, kind).extend(getattr(other, kind))
+
+    def any(self) -> bool:
+        return any(getattr(self, kind) for kind in KINDS)
+
+
+def _text(path: Path) -> str:
+    try:
+        if path.stat().st_size > _MAX_SIDE_BYTES:
+            raise InputError(f"{path}: larger than {_MAX_SIDE_BYTES >> 20} MiB, not a side file")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from exc
+    if raw[:2] == b"\x1f\x8b":
+        import gzip
+
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{path}: gzip data is corrupt ({exc})") from exc
+    return raw.decode("utf-8", errors="replace")
+
+
+def classify(path: Path) -> str | None:
+    """The side-input kind of a file, from its content (None: not a side input)."""
+    from traceguard.ingest.side_inputs import sniff_side_input
+
+    try:
+        head = _text(path)[:65536]
+    except InputError:
+        return None
+    if looks_like_nccl_log(head):
+        return "nccl_log"
+    kind = sniff_side_input(head)
+    return {"dmon": "dmon", "nccl-tests": "nccl_tests", "topo": "topo", "smi-q": "smi_q"}.get(kind or "")
+
+
+def discover(directory: Path) -> SideFiles:
+    """Side files of a run bundle (text files beside the captures), by content."""
+    found = SideFiles()
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.suffix in (".log", ".txt", ".out", ".gz") and ".json" not in path.name:
+            kind = classify(path)
+            if kind:
+                getattr(found, kind).append(path)
+    return found
+
+
+def _each(paths: Iterable[Path], parse: Callable[[str], T], errors: list[str]) -> list[T]:
+    """Parse every file; one that fails goes to ``errors`` and the others still count."""
+    parsed = []
+    for path in paths:
+        try:
+            parsed.append(parse(_text(path)))
+        except InputError as exc:
+            errors.append(str(exc))
+    return parsed
+
+
+def load_side(files: SideFiles) -> SideData:
+    """Parse every side file; a file that fails is reported in ``errors``, the rest still count."""
+    from traceguard.ingest import side_inputs
+
+    data = SideData(sources={k: [str(p) for p in getattr(files, k)] for k in KINDS if getattr(files, k)})
+    if files.nccl_log:
+        try:
+            data.nccl = read_nccl_logs(files.nccl_log)
+        except InputError as exc:
+            data.errors.append(str(exc))
+    for parsed in _each(files.topo, side_inputs.parse_topo, data.errors):
+        data.nvlink_pairs = (data.nvlink_pairs or set()) | set(parsed.get("nvlink_pairs") or ())
+    if frames := _each(files.dmon, side_inputs.parse_dmon, data.errors):
+        data.dmon = pl.concat(frames, how="diagonal_relaxed")
+    for links in _each(files.smi_q, side_inputs.pcie_link_from_smi_q, data.errors):
+        rated = {gpu: side_inputs.rated_pcie_mb_s(gen, width) for gpu, (gen, width) in links.items() if gen and width}
+        if rated:
+            data.pcie_rated_mb_s = {**(data.pcie_rated_mb_s or {}), **rated}
+    if tables := _each(files.nccl_tests, side_inputs.parse_nccl_tests, data.errors):
+        data.nccl_tests = pl.concat(tables, how="diagonal_relaxed")
+    return data
+
+
+def side_files(
+    nccl_logs: Iterable[Path] = (),
+    dmon: Iterable[Path] = (),
+    nccl_tests: Iterable[Path] = (),
+    topo: Iterable[Path] = (),
+    smi_q: Iterable[Path] = (),
+) -> SideFiles:
+    return SideFiles(list(nccl_logs), list(dmon), list(nccl_tests), list(topo), list(smi_q))

@@ -1,0 +1,361 @@
+"""Every metric of one rank, from its normalized capture (pure: no I/O).
+
+The definitions are DESIGN.md's "Metric definitions"; each number here says where it comes from.
+A metric the capture cannot support is ``None`` with its reason in ``null_reasons``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from traceguard.metrics import copies, nccl
+from traceguard.metrics.intervals import union_ns_batched
+from traceguard.metrics.steps import (
+    DEFAULT_STEP_PATTERNS,
+    NCCL_DOMAIN,
+    attribute,
+    containing_ids,
+    find_phases,
+    find_steps,
+    innermost_containing,
+    step_spans,
+    window_mask,
+)
+from traceguard.model import Capture
+
+
+@dataclass
+class RankResult:
+    rank: int
+    metrics: dict[str, Any]
+    null_reasons: dict[str, str]
+    steps: list[dict[str, Any]]
+    collectives: pl.DataFrame
+    #: DtoH copies grouped by the NVTX range and API call that issued them, worst first.
+    gpu_to_cpu_offenders: list[dict[str, Any]]
+    #: Raw facts for capture_health.
+    health: dict[str, Any] = field(default_factory=dict)
+    gpu_models: list[str] = field(default_factory=list)
+    #: Per step: step index → GPU span (for the straggler spread across ranks).
+    spans_by_index: dict[int, int] = field(default_factory=dict)
+
+
+def analyse_rank(
+    rank: int,
+    capture: Capture,
+    *,
+    step_patterns: Sequence[str] = DEFAULT_STEP_PATTERNS,
+    ranks_analysed: int = 1,
+) -> RankResult:
+    null: dict[str, str] = {}
+    info = capture.info
+    steps = find_steps(capture.ranges, step_patterns)
+    phases = find_phases(capture.ranges, steps)
+    ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases)
+    ops = nccl.mark_nccl(ops, capture.strings, collective=False)  # collective: on NCCL rows below
+    ops = _with_nccl_payload(ops, capture.ranges)
+    spans = step_spans(ops)
+    # The window as a lazy filter: each metric below reads only its own columns of it.
+    mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
+    window = ops.lazy().filter(mask)
+
+    m: dict[str, Any] = copies.copy_counts(window)
+    gpu_ops = m["gpu_ops"]
+    m["gpu_to_cpu_copy_rate"] = (m["gpu_to_cpu_copies"] / gpu_ops) if gpu_ops else None
+    if m["gpu_to_cpu_copy_rate"] is None:
+        null.setdefault("gpu_to_cpu_copy_rate", "no GPU ops in the analysis window")
+
+    step_count = steps.height
+    m["step_count"] = step_count
+    dtod_in_steps = ops.filter(pl.col("step_id").is_not_null() & (pl.col("copy_kind") == "DtoD"))
+    dtod_step_bytes = int(dtod_in_steps["bytes"].sum() or 0)
+    m["dtod_bytes_in_steps"] = dtod_step_bytes
+    if step_count:
+        m["dtod_bytes_per_step"] = dtod_step_bytes / step_count
+    else:
+        m["dtod_bytes_per_step"] = None
+        null["dtod_bytes_per_step"] = _no_steps_reason(capture)
+
+    # All-reduce payload per step (the gradient bytes DDP moves): Kineto kernel args, or NCCL's
+    # NVTX payload in nsys exports made with --include-blobs=true.
+    nccl_in_step = ops.filter(pl.col("step_id").is_not_null() & pl.col("is_nccl"))
+    nccl_in_step = nccl.with_collective(nccl_in_step, capture.strings)
+    allreduce = nccl_in_step.filter(pl.col("collective") == "AllReduce")
+    known = allreduce.filter(pl.col("msg_bytes").is_not_null())
+    if step_count and allreduce.height and known.height == allreduce.height:
+        m["allreduce_bytes_per_step"] = int(known["msg_bytes"].sum()) / step_count
+    else:
+        m["allreduce_bytes_per_step"] = None
+        null["allreduce_bytes_per_step"] = (
+            _no_steps_reason(capture)
+            if not step_count
+            else "no all-reduce kernels inside the steps"
+            if not allreduce.height
+            else "all-reduce message sizes are not in this capture (nsys: export with "
+            "`nsys export --type sqlite --include-blobs=true`; or capture with torch.profiler)"
+        )
+    if m["dtod_bytes_per_step"] is not None and m["allreduce_bytes_per_step"]:
+        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["allreduce_bytes_per_step"]
+    else:
+        m["dtod_to_gradient_ratio"] = None
+        null["dtod_to_gradient_ratio"] = null.get("dtod_bytes_per_step") or null["allreduce_bytes_per_step"]
+
+    pageable, known_bytes = copies.pageable_bytes(window)
+    m["host_device_bytes"] = known_bytes
+    m["pageable_host_bytes"] = pageable
+    m["pageable_host_share"] = pageable / known_bytes if known_bytes else None
+    if not known_bytes:
+        null["pageable_host_share"] = "no host↔device copies with a known host memory kind in the window"
+
+    nccl_ops = nccl.with_collective(window.filter(pl.col("is_nccl")).collect(), capture.strings)
+    m["nccl_kernels"] = nccl_ops.height
+    m["nccl_time_ns"] = int(nccl.nccl_time(window, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
+    m["nccl_exposed_ns"] = nccl.exposed_time(ops, mask) if nccl_ops.height else 0
+
+    step_rows, span_total, nccl_in_steps = _step_rows(steps, phases, ops, spans)
+    m["gpu_span_ns"] = span_total
+    m["nccl_step_ns"] = nccl_in_steps
+    if not step_count:
+        m["nccl_share_of_step"] = None
+        null["nccl_share_of_step"] = _no_steps_reason(capture)
+    elif not span_total:
+        m["nccl_share_of_step"] = None
+        null["nccl_share_of_step"] = "no GPU work was launched inside the steps"
+    else:
+        m["nccl_share_of_step"] = nccl_in_steps / span_total
+    m["straggler_spread"] = None
+    null["straggler_spread"] = "needs the same steps from at least two ranks"  # = run.RANK_STRAGGLER_DEFAULT
+
+    if not info.has_gpu_trace:
+        # A CPU-only capture: every GPU-derived number is "not available", for one reason.
+        no_gpu = "the capture has no GPU activity trace (CPU-only job, or nsys without --trace=cuda)"
+        for key in (
+            "gpu_ops",
+            "gpu_to_cpu_copies",
+            "gpu_to_cpu_bytes",
+            "dtod_copies",
+            "dtod_bytes",
+            "peer_copies",
+            "peer_bytes",
+            "gpu_to_cpu_copy_rate",
+            "dtod_bytes_per_step",
+            "allreduce_bytes_per_step",
+            "dtod_to_gradient_ratio",
+            "pageable_host_share",
+            "nccl_share_of_step",
+            "nccl_kernels",
+            "nccl_time_ns",
+            "nccl_exposed_ns",
+            "gpu_span_ns",
+            "nccl_step_ns",
+            "dtod_bytes_in_steps",
+            "host_device_bytes",
+            "pageable_host_bytes",
+        ):
+            m[key] = None
+            null[key] = no_gpu
+        null["straggler_spread"] = no_gpu
+
+    models = _gpu_models(capture, window)
+    return RankResult(
+        rank=rank,
+        metrics=m,
+        null_reasons=null,
+        steps=step_rows,
+        collectives=nccl.collective_table(nccl_ops, ranks_analysed),
+        gpu_to_cpu_offenders=_offenders(window, capture),
+        health=_health(capture, ops, steps),
+        gpu_models=models,
+        spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
+    )
+
+
+def _no_steps_reason(capture: Capture) -> str:
+    if not capture.info.has_ranges or capture.ranges.height == 0:
+        return "no NVTX / user-annotation ranges in the capture, so no steps"
+    return "no range matches the profile's step pattern (e.g. `Batch 3`, `ProfilerStep#3`)"
+
+
+def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """Fill NCCL kernels' ``msg_bytes`` from the NCCL NVTX range around their launch call."""
+    payload = ranges.filter((pl.col("domain") == NCCL_DOMAIN) & pl.col("payload_bytes").is_not_null())
+    wanted = pl.col("is_nccl") & pl.col("msg_bytes").is_null()
+    if payload.height == 0:
+        return ops
+    rows = ops.select(pl.arg_where(wanted)).to_series()
+    if rows.len() == 0:
+        return ops
+    targets = ops[rows].select("pid", pl.col("launch_tid").alias("tid"), "launch_start")
+    found = containing_ids(
+        targets,
+        "launch_start",
+        payload.select("pid", "tid", "start", "end", pl.col("payload_bytes").alias("_payload")),
+        "_payload",
+        ["pid", "tid"],
+    )
+    # Only the wanted rows change (their msg_bytes was null): one column is rewritten, not the frame.
+    return ops.with_columns(ops["msg_bytes"].scatter(rows, found.cast(ops.schema["msg_bytes"])))
+
+
+def _step_rows(
+    steps: pl.DataFrame, phases: pl.DataFrame, ops: pl.DataFrame, spans: pl.DataFrame
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The step breakdown of the JSON contract, plus Σ GPU spans and Σ NCCL time in steps."""
+    if steps.height == 0:
+        return [], 0, 0
+    in_steps = ops.lazy().filter(pl.col("step_id").is_not_null())
+    any_in_steps = ops.select(pl.col("step_id").is_not_null().any()).item()
+    step_nccl = nccl.nccl_time(in_steps, ["step_id"]) if any_in_steps else None
+    table = steps.join(spans, left_on="range_id", right_on="step_id", how="left")
+    if step_nccl is not None:
+        table = table.join(step_nccl, left_on="range_id", right_on="step_id", how="left")
+    else:
+        table = table.with_columns(pl.lit(None, dtype=pl.Int64).alias("nccl_ns"))
+    is_dtod, is_peer = pl.col("copy_kind") == "DtoD", pl.col("copy_kind") == "PtoP"
+    dtod = (
+        in_steps.filter(is_dtod | is_peer)
+        .group_by("step_id")
+        .agg(
+            pl.col("bytes").filter(is_dtod).sum().alias("dtod_bytes"),
+            is_dtod.sum().alias("dtod_copies"),
+            pl.col("bytes").filter(is_peer).sum().alias("peer_bytes"),
+            is_peer.sum().alias("peer_copies"),
+        )
+        .collect()
+    )
+    table = table.join(dtod, left_on="range_id", right_on="step_id", how="left").sort("index")
+
+    phase_rows: dict[int, dict[str, dict[str, int]]] = {}
+    if phases.height:
+        in_phases = in_steps.filter(pl.col("phase_id").is_not_null())
+        any_in_phases = ops.select((pl.col("step_id").is_not_null() & pl.col("phase_id").is_not_null()).any()).item()
+        gpu = (
+            union_ns_batched(in_phases, ["phase_id", "device"])
+            .group_by("phase_id")
+            .agg(pl.col("union_ns").sum().alias("gpu_ns"))
+            .collect()
+        )
+        nccl_by_phase = nccl.nccl_time(in_phases, ["phase_id"]) if any_in_phases else None
+        per_phase = phases.with_columns((pl.col("end") - pl.col("start")).alias("cpu_ns")).join(
+            gpu, on="phase_id", how="left"
+        )
+        if nccl_by_phase is not None:
+            per_phase = per_phase.join(nccl_by_phase, on="phase_id", how="left")
+        else:
+            per_phase = per_phase.with_columns(pl.lit(None, dtype=pl.Int64).alias("nccl_ns"))
+        # A name repeated inside one step (two `forward` ranges) is one phase: times add up.
+        grouped = (
+            per_phase.group_by(["step_id", "name"], maintain_order=True)
+            .agg(
+                pl.col("cpu_ns").sum(),
+                pl.col("gpu_ns").fill_null(0).sum(),
+                pl.col("nccl_ns").fill_null(0).sum(),
+                pl.col("start").min(),
+            )
+            .sort("start")
+        )
+        for row in grouped.iter_rows(named=True):
+            phase_rows.setdefault(row["step_id"], {})[row["name"]] = {
+                "cpu_ns": int(row["cpu_ns"]),
+                "gpu_ns": int(row["gpu_ns"]),
+                "nccl_ns": int(row["nccl_ns"]),
+            }
+
+    rows = []
+    span_total = nccl_total = 0
+    for row in table.iter_rows(named=True):
+        span = (row["gpu_end"] - row["gpu_start"]) if row["gpu_start"] is not None else None
+        nccl_ns = int(row["nccl_ns"] or 0)
+        if span:
+            span_total += span
+            nccl_total += nccl_ns
+        rows.append(
+            {
+                "name": row["name"],
+                "index": int(row["index"]),
+                "start_ns": int(row["start"]),
+                "cpu_ns": int(row["end"] - row["start"]),
+                "gpu_span_ns": span,
+                "nccl_ns": nccl_ns,
+                "nccl_share": (nccl_ns / span) if span else None,
+                "dtod_bytes": int(row["dtod_bytes"] or 0),
+                "dtod_copies": int(row["dtod_copies"] or 0),
+                "peer_bytes": int(row["peer_bytes"] or 0),
+                "peer_copies": int(row["peer_copies"] or 0),
+                "phases": phase_rows.get(row["range_id"], {}),
+            }
+        )
+    return rows, span_total, nccl_total
+
+
+def _offenders(window: pl.LazyFrame | pl.DataFrame, capture: Capture, limit: int = 5) -> list[dict[str, Any]]:
+    """DtoH copies grouped by (innermost NVTX range on the launching thread, API call)."""
+    dtoh = window.lazy().filter(pl.col("copy_kind").is_in(copies.GPU_TO_CPU)).collect()
+    if dtoh.height == 0:
+        return []
+    names = capture.strings.rename({"id": "launch_name_id", "value": "api_call"})
+    dtoh = dtoh.join(names, on="launch_name_id", how="left")
+    ranges = capture.ranges.filter(pl.col("domain").is_null() | (pl.col("domain") != NCCL_DOMAIN))
+    if ranges.height:
+        found = innermost_containing(
+            dtoh.lazy().with_columns(pl.col("launch_tid").alias("tid")),
+            "launch_start",
+            ranges.select("pid", "tid", "start", "end", "range_id"),
+            "range_id",
+            ["pid", "tid"],
+        ).collect()
+        # The latest range that started before the call may have ended already: climb parents.
+        parents = ranges.select("range_id", "parent", pl.col("end").alias("_end"))
+        for _ in range(int(ranges["depth"].max() or 0) + 1):
+            found = found.join(parents, on="range_id", how="left")
+            ended = pl.col("launch_start") > pl.col("_end")
+            if found.select(ended.fill_null(False).any()).item() is False:
+                found = found.drop("parent", "_end")
+                break
+            found = found.with_columns(
+                pl.when(ended).then(pl.col("parent")).otherwise(pl.col("range_id")).alias("range_id")
+            ).drop("parent", "_end")
+        found = found.drop([c for c in ("parent", "_end") if c in found.columns])
+        names_of_ranges = ranges.select("range_id", pl.col("name").alias("nvtx_range"))
+        dtoh = found.join(names_of_ranges, on="range_id", how="left")
+    else:
+        dtoh = dtoh.with_columns(pl.lit(None, dtype=pl.String).alias("nvtx_range"))
+    grouped = (
+        dtoh.group_by(["nvtx_range", "api_call"])
+        .agg(pl.len().alias("copies"), pl.col("bytes").sum().alias("bytes"))
+        .sort(["copies", "bytes", "nvtx_range", "api_call"], descending=[True, True, False, False], nulls_last=True)
+        .head(limit)
+    )
+    return grouped.to_dicts()
+
+
+def _gpu_models(capture: Capture, window: pl.LazyFrame | pl.DataFrame) -> list[str]:
+    """Names of the GPUs this rank ran work on (the file lists every GPU of the node)."""
+    used = window.lazy().select(pl.col("device").unique()).collect().to_series().drop_nulls()
+    names = capture.devices.filter(pl.col("device").is_in(used.implode()) & pl.col("name").is_not_null())
+    return sorted(set(names["name"].to_list()))
+
+
+def _health(capture: Capture, ops: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+    ranges = capture.ranges
+    domains_with_ranges = set(ranges["domain"].drop_nulls().unique().to_list())
+    empty_domains = [d for d in capture.info.nvtx_domains if d not in domains_with_ranges]
+    launched = ops.filter(pl.col("launch_start").is_not_null()).height
+    return {
+        "gpu_ops": ops.height,
+        "api_calls": capture.api_calls.height,
+        "ranges": ranges.height,
+        "steps": steps.height,
+        "has_gpu_trace": capture.info.has_gpu_trace,
+        "has_ranges": capture.info.has_ranges,
+        "nvtx_domains": list(capture.info.nvtx_domains),
+        "domains_without_ranges": empty_domains,
+        "default_domain_ranges": ranges.filter(pl.col("domain").is_null()).height,
+        "ops_without_launch": ops.height - launched,
+        "negative_durations": ops.filter(pl.col("end") < pl.col("start")).height
+        + ranges.filter(pl.col("end") < pl.col("start")).height,
+    }

@@ -1,0 +1,177 @@
+"""Run-level metrics: the per-rank results reduced over ranks (DESIGN.md definitions).
+
+Counts and bytes add up; rates and shares are recomputed from the sums (never averaged):
+GPU→CPU copy rate = Σ copies ÷ Σ GPU ops; NCCL share = Σ NCCL time in steps ÷ Σ step GPU spans;
+DtoD bytes per step = Σ DtoD bytes in steps ÷ Σ steps. Straggler spread, per step index present
+on two or more ranks: (slowest rank's GPU span − median) ÷ median; the run value is the worst.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from traceguard.metrics.rank import RankResult
+
+SUMMED = (
+    "gpu_ops",
+    "gpu_to_cpu_copies",
+    "gpu_to_cpu_bytes",
+    "dtod_copies",
+    "dtod_bytes",
+    "peer_copies",
+    "peer_bytes",
+    "nccl_kernels",
+    "nccl_time_ns",
+    "nccl_exposed_ns",
+    "step_count",
+    "gpu_span_ns",
+    "nccl_step_ns",
+    "dtod_bytes_in_steps",
+    "host_device_bytes",
+    "pageable_host_bytes",
+)
+
+
+RANK_STRAGGLER_DEFAULT = "needs the same steps from at least two ranks"
+
+
+@dataclass
+class StragglerStep:
+    index: int
+    slowest_rank: int
+    slowest_ns: int
+    median_ns: float
+    spread: float
+
+
+def straggler(ranks: Sequence[RankResult]) -> tuple[float | None, list[StragglerStep], dict[int, float]]:
+    """Run spread (worst step), every step's spread, and each rank's worst own spread."""
+    by_index: dict[int, dict[int, int]] = {}
+    for result in ranks:
+        for index, span in result.spans_by_index.items():
+            by_index.setdefault(index, {})[result.rank] = span
+    steps: list[StragglerStep] = []
+    per_rank: dict[int, float] = {}
+    for index, spans in sorted(by_index.items()):
+        if len(spans) < 2:
+            continue
+        median = statistics.median(spans.values())
+        if median <= 0:
+            continue
+        slowest = max(spans, key=lambda r: spans[r])
+        steps.append(StragglerStep(index, slowest, spans[slowest], median, (spans[slowest] - median) / median))
+        for rank, span in spans.items():
+            per_rank[rank] = max(per_rank.get(rank, 0.0), (span - median) / median)
+    worst = max((s.spread for s in steps), default=None)
+    return worst, sorted(steps, key=lambda s: s.spread, reverse=True), per_rank
+
+
+def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run metrics and null reasons from the ranks' results."""
+    m: dict[str, Any] = {}
+    null: dict[str, str] = {}
+    for key in SUMMED:
+        values = [r.metrics.get(key) for r in ranks]
+        known = [v for v in values if v is not None]
+        m[key] = sum(known) if known else None
+        if not known:
+            null[key] = _first_reason(ranks, key)
+    m["gpu_to_cpu_copy_rate"] = _ratio(m["gpu_to_cpu_copies"], m["gpu_ops"])
+    m["dtod_bytes_per_step"] = _ratio(m["dtod_bytes_in_steps"], m["step_count"])
+    m["nccl_share_of_step"] = _ratio(m["nccl_step_ns"], m["gpu_span_ns"])
+    m["pageable_host_share"] = _ratio(m["pageable_host_bytes"], m["host_device_bytes"])
+    allreduce = [r.metrics.get("allreduce_bytes_per_step") for r in ranks]
+    if allreduce and all(v is not None for v in allreduce) and m["step_count"]:
+        total_steps = sum(r.metrics["step_count"] for r in ranks)
+        moved = sum(v * r.metrics["step_count"] for v, r in zip(allreduce, ranks, strict=True))
+        m["allreduce_bytes_per_step"] = moved / total_steps if total_steps else None
+    else:
+        m["allreduce_bytes_per_step"] = None
+    if m["dtod_bytes_per_step"] is not None and m["allreduce_bytes_per_step"]:
+        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["allreduce_bytes_per_step"]
+    else:
+        m["dtod_to_gradient_ratio"] = None
+    spread, _, per_rank = straggler(ranks)
+    m["straggler_spread"] = spread
+    for result in ranks:
+        if result.rank in per_rank:
+            result.metrics["straggler_spread"] = per_rank[result.rank]
+            result.null_reasons.pop("straggler_spread", None)
+    models = sorted({name for r in ranks for name in r.gpu_models})
+    m["gpu_models"] = models
+    m["distinct_gpu_models"] = len(models) if models else None
+    m["ranks"] = len(ranks)
+    for key in (
+        "gpu_to_cpu_copy_rate",
+        "dtod_bytes_per_step",
+        "nccl_share_of_step",
+        "pageable_host_share",
+        "allreduce_bytes_per_step",
+        "dtod_to_gradient_ratio",
+    ):
+        if m[key] is None:
+            null[key] = _first_reason(ranks, key)
+    if spread is None:
+        null["straggler_spread"] = (
+            _first_reason(ranks, "straggler_spread")
+            if not ranks
+            else "needs at least two ranks"
+            if len(ranks) < 2
+            else (
+                reason
+                if (reason := _first_reason(ranks, "straggler_spread")) != RANK_STRAGGLER_DEFAULT
+                else "no step index was found on two or more ranks"
+            )
+        )
+    if not models and ranks:
+        null["distinct_gpu_models"] = "the captures do not name their GPUs (no TARGET_INFO_GPU / deviceProperties)"
+    elif not models:
+        null["distinct_gpu_models"] = _first_reason(ranks, "distinct_gpu_models")
+    return m, null
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """Numerator ÷ denominator, or None when either is unknown or the denominator is 0."""
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def _first_reason(ranks: Sequence[RankResult], key: str) -> str:
+    if not ranks:
+        return "no capture was given or could be read"
+    for result in ranks:
+        if key in result.null_reasons:
+            return result.null_reasons[key]
+    return "not available from these inputs"
+
+
+@dataclass
+class RunResult:
+    """Everything the checks and reports read: run metrics, per-rank results, straggler steps."""
+
+    metrics: dict[str, Any]
+    null_reasons: dict[str, str]
+    ranks: list[RankResult]
+    straggler_steps: list[StragglerStep]
+    #: Link metrics from side inputs (traceguard.metrics.links.LinkResult), merged into metrics.
+    links: Any = None
+
+
+def analyse_run(
+    ranks: Sequence[tuple[int, Any]],
+    *,
+    step_patterns: Sequence[str] | None = None,
+) -> RunResult:
+    """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture)."""
+    from traceguard.metrics.rank import analyse_rank
+    from traceguard.metrics.steps import DEFAULT_STEP_PATTERNS
+
+    patterns = tuple(step_patterns) if step_patterns else DEFAULT_STEP_PATTERNS
+    results = [
+        analyse_rank(rank, capture, step_patterns=patterns, ranks_analysed=len(ranks)) for rank, capture in ranks
+    ]
+    metrics, null = reduce_run(results)
+    _, steps, _ = straggler(results)
+    return RunResult(metrics, null, results, steps)

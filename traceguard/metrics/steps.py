@@ -1,0 +1,215 @@
+"""Steps, phases and the attribution of GPU work to them (DESIGN.md, "Steps", "Attribution").
+
+- A **step** is a range whose name matches one of the profile's step patterns, outside NCCL's
+  own NVTX domain; when matching ranges nest, the innermost one is the step.
+- A **phase** is a range nested directly inside a step on the step's thread.
+- A GPU op belongs to the innermost step (and phase) of its own process whose interval contains
+  the start of the op's launching API call (joined on correlation id within the process), on any
+  thread. A step's GPU span is [first attributed op start, last attributed op end].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from traceguard import model
+from traceguard.metrics.intervals import containing_rows, gather_rows
+
+DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"(?i)^(batch|step|iteration)[ _#]?\d+$", r"^ProfilerStep#\d+$")
+NCCL_DOMAIN = "NCCL"
+
+_STEP_COLUMNS = ["rank", "pid", "tid", "range_id", "name", "start", "end", "depth"]
+
+
+def _not_nccl(ranges: pl.DataFrame) -> pl.DataFrame:
+    return ranges.filter(pl.col("domain").is_null() | (pl.col("domain") != NCCL_DOMAIN))
+
+
+def find_steps(ranges: pl.DataFrame, patterns: Sequence[str] = DEFAULT_STEP_PATTERNS) -> pl.DataFrame:
+    """Step ranges, innermost when matches nest, with ``index`` = position in time in the rank."""
+    if not patterns or ranges.height == 0:
+        return pl.DataFrame(schema={**ranges.select(_STEP_COLUMNS).schema, "index": pl.Int64})
+    matches = pl.any_horizontal([pl.col("name").str.contains(p) for p in patterns])
+    candidates = _not_nccl(ranges).filter(matches.fill_null(False)).select(_STEP_COLUMNS)
+    # A candidate that contains another candidate of its process is not the innermost: in
+    # (start asc, end desc) order such a contained candidate is the very next one.
+    ordered = candidates.sort(["pid", "start", "end"], descending=[False, False, True])
+    next_start = pl.col("start").shift(-1).over("pid")
+    next_end = pl.col("end").shift(-1).over("pid")
+    contains_next = next_start.is_not_null() & (next_start < pl.col("end")) & (next_end <= pl.col("end"))
+    steps = ordered.filter(~contains_next.fill_null(False))
+    return steps.sort("start").with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("index"))
+
+
+def find_phases(ranges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Ranges directly inside a step on its thread: (step_id, phase range columns)."""
+    if steps.height == 0 or ranges.height == 0:
+        return pl.DataFrame(
+            schema={
+                "step_id": pl.Int64,
+                "phase_id": pl.Int64,
+                "name": pl.String,
+                "pid": pl.Int64,
+                "tid": pl.Int64,
+                "start": pl.Int64,
+                "end": pl.Int64,
+            }
+        )
+    children = _not_nccl(ranges).filter(pl.col("parent").is_not_null())
+    return children.join(
+        steps.select(pl.col("range_id").alias("parent"), pl.col("pid"), pl.col("tid")),
+        on=["parent", "pid", "tid"],
+        how="inner",
+    ).select(
+        pl.col("parent").alias("step_id"),
+        pl.col("range_id").alias("phase_id"),
+        "name",
+        "pid",
+        "tid",
+        "start",
+        "end",
+    )
+
+
+def launches(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops with their launching call's start, thread and name (null when no call matched):
+    the first call (in frame order) with the op's (pid, correlation id) (:func:`model.join_launches`)."""
+    return model.join_launches(gpu_ops, api_calls)
+
+
+def with_launches(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFrame:
+    """``gpu_ops`` with the launch columns: as the reader attached them (nsys, launches-only
+    read), else joined from ``api_calls`` (Kineto, full nsys read)."""
+    if all(c in gpu_ops.columns for c in model.LAUNCH_SCHEMA):
+        return gpu_ops
+    return launches(gpu_ops, api_calls)
+
+
+_packable = model._packable
+
+
+def containing_ids(
+    points: pl.DataFrame, point_col: str, intervals: pl.DataFrame, id_col: str, by: list[str]
+) -> pl.Series:
+    """``id_col`` of the latest-starting interval (same ``by``) that contains each point, as a
+    column aligned with ``points`` (null where none). Same rule as :func:`innermost_containing`,
+    but only the key columns are sorted and joined, and the ids are scattered back by row."""
+    rows = containing_rows(points, point_col, intervals, by)
+    if rows is not None:
+        return gather_rows(intervals[id_col], rows).alias(id_col)
+    dtype = intervals.schema[id_col]
+    n = points.height
+    right = intervals.select(
+        [*by, pl.col("start").alias("_istart"), pl.col("end").alias("_iend"), pl.col(id_col).alias("_id")]
+    ).sort("_istart")
+    left = (
+        points.lazy()
+        .select([*by, pl.col(point_col).alias("_p")])
+        .with_row_index("_row")
+        .filter(pl.col("_p").is_not_null())
+        .sort("_p")
+        .collect()
+    )
+    joined = left.join_asof(
+        right, left_on="_p", right_on="_istart", by=by, strategy="backward", check_sortedness=False
+    ).select("_row", pl.when(pl.col("_p") <= pl.col("_iend")).then(pl.col("_id")).otherwise(None).alias("_id"))
+    out = pl.repeat(None, n, dtype=dtype, eager=True).alias(id_col)
+    if joined.height:
+        out = out.scatter(joined["_row"], joined["_id"])
+    return out
+
+
+def innermost_containing(
+    points: pl.LazyFrame, point_col: str, intervals: pl.DataFrame, id_col: str, by: list[str]
+) -> pl.LazyFrame:
+    """Attach ``id_col`` of the latest-starting interval (same ``by``) that contains the point.
+
+    Intervals here do not overlap without nesting (steps of a process; phases of a step), so
+    the latest-starting interval that started before the point is the innermost candidate.
+    """
+    right = (
+        intervals.lazy()
+        .select([*by, pl.col("start").alias("_istart"), pl.col("end").alias("_iend"), pl.col(id_col)])
+        .sort("_istart")
+    )
+    with_point = points.filter(pl.col(point_col).is_not_null()).sort(point_col)
+    without = points.filter(pl.col(point_col).is_null()).with_columns(pl.lit(None, dtype=pl.Int64).alias(id_col))
+    joined = with_point.join_asof(
+        right, left_on=point_col, right_on="_istart", by=by, strategy="backward", check_sortedness=False
+    )
+    inside = pl.col(point_col) <= pl.col("_iend")
+    joined = joined.with_columns(pl.when(inside).then(pl.col(id_col)).otherwise(None).alias(id_col)).drop(
+        "_istart", "_iend"
+    )
+    return pl.concat([joined, without], how="diagonal_relaxed")
+
+
+def attribute(
+    gpu_ops: pl.DataFrame, api_calls: pl.DataFrame, steps: pl.DataFrame, phases: pl.DataFrame
+) -> pl.DataFrame:
+    """GPU ops with ``launch_start``, ``launch_tid``, ``step_id`` and ``phase_id`` (null if none).
+
+    Same rule as :func:`containing_ids` for the steps (by process), then for the phases of each
+    op's step (by process and step)."""
+    ops = with_launches(gpu_ops, api_calls)
+    n = ops.height
+    step_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step_id")
+    phase_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("phase_id")
+    if not steps.height:
+        return ops.with_columns(step_id, phase_id)
+    points = ops.select("pid", pl.col("launch_start").alias("_p"))
+    step_ranges = steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id"))
+    step_id = containing_ids(points, "_p", step_ranges, "step_id", ["pid"])
+    if phases.height:
+        points = points.with_columns(step_id)
+        phase_ranges = phases.select("pid", "step_id", "start", "end", pl.col("phase_id").cast(pl.Int64))
+        phase_id = containing_ids(points, "_p", phase_ranges, "phase_id", ["pid", "step_id"])
+    return ops.with_columns(step_id, phase_id)
+
+
+def step_spans(attributed: pl.DataFrame) -> pl.DataFrame:
+    """GPU span of each step: [first attributed op start, last attributed op end]."""
+    return (
+        attributed.lazy()
+        .filter(pl.col("step_id").is_not_null())
+        .group_by("step_id")
+        .agg(pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end"))
+        .collect()
+    )
+
+
+def in_window(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFrame) -> pl.DataFrame:
+    """Ops whose start lies in the union of their process's step GPU spans (the analysis window)."""
+    if spans.height == 0:
+        return ops
+    return ops.filter(window_mask(ops, spans, pid_of_step))
+
+
+def window_mask(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFrame) -> pl.Series:
+    """Per op: does it lie in the analysis window (see :func:`in_window`); all true without steps.
+
+    A mask instead of a filtered copy: the window holds nearly every op of a capture, and its
+    users each read a few columns of it (``ops.lazy().filter(mask)``)."""
+    if spans.height == 0:
+        return pl.repeat(True, ops.height, eager=True).alias("in_window")
+    from traceguard.metrics.intervals import union_segments
+
+    window = union_segments(
+        spans.join(pid_of_step, on="step_id").select(
+            "pid", pl.col("gpu_start").alias("start"), pl.col("gpu_end").alias("end")
+        ),
+        ["pid"],
+    ).collect()
+    rows = containing_rows(ops, "start", window, ["pid"])
+    if rows is not None:
+        return pl.Series("in_window", rows >= 0)
+    inside = containing_ids(
+        ops,
+        "start",
+        window.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_window")),
+        "_window",
+        ["pid"],
+    )
+    return inside.is_not_null().alias("in_window")

@@ -1,0 +1,374 @@
+"""The normalized event model every ingester produces and every metric reads.
+
+Whatever the source (nsys SQLite of any schema generation, Kineto JSON), a capture becomes a
+:class:`Capture`: a few Polars frames with the fixed schemas below plus :class:`CaptureInfo`.
+Times are int64 nanoseconds on the capture's own clock. Kernel and API names are interned:
+frames carry ``name_id`` and ``Capture.strings`` maps ids to text (a 10-million-kernel capture
+has a few thousand distinct names, so rows stay narrow). Ids are as narrow as their values allow
+(pids and tids int32: Linux keeps them below 2^22; name ids int32), which counts at 10 M rows.
+
+``rank`` is null when a reader returns a capture; :mod:`traceguard.ingest` fills it in when it
+resolves the run's ranks (DESIGN.md, "Ranks").
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+#: Copy directions, indexed by nsys's ``ENUM_CUDA_MEMCPY_OPER`` codes (identical in every export
+#: that has the table, and the documented constants for 2022.x exports that lack it).
+COPY_KINDS: tuple[str, ...] = (
+    "unknown",
+    "HtoD",
+    "DtoH",
+    "HtoA",
+    "AtoH",
+    "AtoA",
+    "AtoD",
+    "DtoA",
+    "DtoD",
+    "HtoH",
+    "PtoP",
+    "unified_HtoD",
+    "unified_DtoH",
+    "unified_DtoD",
+)
+#: Memory kinds, indexed by nsys's ``ENUM_CUDA_MEM_KIND`` codes (not CUPTI's numbering).
+MEM_KINDS: tuple[str, ...] = (
+    "pageable",
+    "pinned",
+    "device",
+    "array",
+    "managed",
+    "device_static",
+    "managed_static",
+    "unknown",
+)
+OP_KINDS: tuple[str, ...] = ("kernel", "memcpy", "memset")
+
+CopyKind = pl.Enum(list(COPY_KINDS))
+MemKind = pl.Enum(list(MEM_KINDS))
+OpKind = pl.Enum(list(OP_KINDS))
+
+#: Kernels, memcpys and memsets. ``bytes`` is null for kernels; ``copy_kind``/``src_kind``/
+#: ``dst_kind`` only for memcpys. ``msg_bytes``/``group_size`` are the collective's message size
+#: (nccl-tests convention: the larger of input and output buffers) and communicator size when the
+#: source records them (Kineto args, NCCL NVTX payloads), else null.
+GPU_OPS_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "pid": pl.Int32(),
+    "device": pl.Int32(),
+    "stream": pl.Int64(),
+    "kind": OpKind,
+    "start": pl.Int64(),
+    "end": pl.Int64(),
+    "name_id": pl.Int32(),
+    "correlation_id": pl.Int64(),
+    "bytes": pl.Int64(),
+    "copy_kind": CopyKind,
+    "src_kind": MemKind,
+    "dst_kind": MemKind,
+    "msg_bytes": pl.Int64(),
+    "group_size": pl.Int32(),
+}
+
+#: Optional columns of ``gpu_ops``: the op's launching API call (start, thread, name), null when
+#: no call matched. A reader that joins launches itself (the nsys reader with
+#: ``launches_only=True``) appends them after :data:`GPU_OPS_SCHEMA`'s columns and may then leave
+#: ``api_calls`` empty; without them the metrics join ``api_calls`` (:func:`join_launches`).
+LAUNCH_SCHEMA: dict[str, pl.DataType] = {
+    "launch_start": pl.Int64(),
+    "launch_tid": pl.Int32(),
+    "launch_name_id": pl.Int32(),
+}
+
+#: CUDA runtime/driver API calls (the launches GPU ops are joined to on ``correlation_id``).
+API_CALLS_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "pid": pl.Int32(),
+    "tid": pl.Int32(),
+    "start": pl.Int64(),
+    "end": pl.Int64(),
+    "name_id": pl.Int32(),
+    "correlation_id": pl.Int64(),
+}
+
+#: NVTX push/pop and start/end ranges, or Kineto user annotations and ``ProfilerStep#N``.
+#: ``depth``/``parent`` describe nesting among ranges of the same (pid, tid); ``domain`` is null
+#: for the default domain. ``payload_bytes`` is an NCCL range's message size when recorded.
+RANGES_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "pid": pl.Int32(),
+    "tid": pl.Int32(),
+    "range_id": pl.Int64(),
+    "start": pl.Int64(),
+    "end": pl.Int64(),
+    "name": pl.String(),
+    "domain": pl.String(),
+    "depth": pl.Int32(),
+    "parent": pl.Int64(),
+    "payload_bytes": pl.Int64(),
+}
+
+#: GPUs the capture describes (a rank's nsys file lists every GPU of its node).
+DEVICES_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "device": pl.Int32(),
+    "name": pl.String(),
+    "bus_id": pl.String(),
+    "sm_count": pl.Int32(),
+}
+
+PROCESSES_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "pid": pl.Int32(),
+    "name": pl.String(),
+}
+
+STRINGS_SCHEMA: dict[str, pl.DataType] = {"id": pl.Int32(), "value": pl.String()}
+
+
+@dataclass
+class CaptureInfo:
+    """Facts about one capture file: where it came from and what it could record."""
+
+    path: str
+    format: str  # "nsys-sqlite" | "nsys-rep" | "kineto"
+    tool: str  # "nsys" | "torch.profiler"
+    tool_version: str | None = None
+    schema_version: str | None = None
+    host: str | None = None
+    #: The rank the file itself states (Kineto ``distributedInfo.rank``), if any.
+    rank_hint: int | None = None
+    world_size: int | None = None
+    nccl_version: str | None = None
+    #: NVTX domains the capture saw created (nsys eventType 75); a domain with no ranges at all
+    #: is the signature of an NVTX library nsys cannot read (see NSYS.md).
+    nvtx_domains: list[str] = field(default_factory=list)
+    #: Which event families the source could hold at all (absent tables mean "not available").
+    has_gpu_trace: bool = True
+    has_api_trace: bool = True
+    has_ranges: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Capture:
+    """One input file, normalized."""
+
+    info: CaptureInfo
+    gpu_ops: pl.DataFrame
+    api_calls: pl.DataFrame
+    ranges: pl.DataFrame
+    devices: pl.DataFrame
+    processes: pl.DataFrame
+    strings: pl.DataFrame
+
+    def name_of(self) -> dict[int, str]:
+        """Id → text for the (few thousand) interned names."""
+        return dict(zip(self.strings["id"].to_list(), self.strings["value"].to_list(), strict=True))
+
+
+def conform(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    """Return ``frame`` with exactly ``schema``'s columns, in order, cast; missing ones null.
+
+    Every ingester ends with this, so a metric can rely on names and dtypes whatever the source.
+    """
+    columns = []
+    for name, dtype in schema.items():
+        if name in frame.columns:
+            columns.append(pl.col(name).cast(dtype))
+        else:
+            columns.append(pl.lit(None, dtype=dtype).alias(name))
+    return frame.select(columns) if frame.width else pl.DataFrame(schema=dict(schema))
+
+
+def empty(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=dict(schema))
+
+
+def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
+    """Fill ``depth`` and ``parent`` for ranges nested per (pid, tid).
+
+    Push/pop ranges nest properly on their thread, so a range's depth is the number of earlier
+    ranges (in start-ascending, end-descending order) still open at its start. Per thread that is
+    ``position - #(ends <= start)``: one sort and one binary search, no per-event Python. The
+    parent is the latest earlier range one level up. Start/end ranges may overlap without
+    nesting; for them the same rule gives the number of ranges open at the start.
+    """
+    if ranges.height == 0:
+        return ranges
+    ordered = ranges.sort(["pid", "tid", "start", "end"], descending=[False, False, False, True])
+    pid = ordered["pid"].to_numpy()
+    tid = ordered["tid"].to_numpy()
+    start = ordered["start"].to_numpy()
+    end = ordered["end"].to_numpy()
+    depth = np.zeros(ordered.height, dtype=np.int64)
+    boundary = np.flatnonzero((np.diff(pid) != 0) | (np.diff(tid) != 0)) + 1
+    bounds = np.concatenate(([0], boundary, [ordered.height]))
+    for lo, hi in itertools.pairwise(bounds):  # one iteration per thread
+        ends = np.sort(end[lo:hi])
+        closed = np.searchsorted(ends, start[lo:hi], side="right")
+        depth[lo:hi] = np.arange(hi - lo) - closed
+    ordered = ordered.with_columns(pl.Series("depth", np.maximum(depth, 0), dtype=pl.Int32))
+    max_depth = int(ordered["depth"].max() or 0)
+    parent = pl.lit(None, dtype=pl.Int64)
+    for level in range(1, max_depth + 1):
+        last_at_level_above = (
+            pl.when(pl.col("depth") == level - 1).then(pl.col("range_id")).forward_fill().over(["pid", "tid"])
+        )
+        parent = pl.when(pl.col("depth") == level).then(last_at_level_above).otherwise(parent)
+    return ordered.with_columns(parent.alias("parent"))
+
+
+def intern(names: pl.Series) -> tuple[pl.Series, pl.DataFrame]:
+    """Intern a column of names: returns (``name_id`` column, ``strings`` frame), vectorized.
+
+    For readers that see names as text (Kineto); ids are dense, in first-seen order.
+    """
+    names = names.cast(pl.String).fill_null("")
+    uniques = names.unique(maintain_order=True)
+    strings = pl.DataFrame(
+        {"id": pl.int_range(uniques.len(), eager=True, dtype=pl.Int32), "value": uniques},
+        schema=STRINGS_SCHEMA,
+    )
+    ids = (
+        names.to_frame("value")
+        .join(strings, on="value", how="left", maintain_order="left")
+        .get_column("id")
+        .alias("name_id")
+    )
+    return ids, strings
+
+
+def launch_rows(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Series:
+    """Per GPU op, the row of ``api_calls`` that launched it (null when none): the first call,
+    in frame order, with the op's (pid, correlation id). Null keys match nothing.
+
+    With both keys in range (nsys: 24-bit pids, CUPTI's 32-bit correlation ids) they are packed
+    into one int64 and matched by a binary search into the calls' keys in a stable order (calls
+    come nearly sorted by correlation id, so that sort is close to a linear pass); otherwise a
+    two-column join. Only keys and row numbers are handled; callers gather what they need.
+    """
+    n = gpu_ops.height
+    out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_launch_row")
+    if n == 0 or api_calls.height == 0:
+        return out
+    if _packable(gpu_ops) and _packable(api_calls):
+        return _launch_rows_packed(gpu_ops, api_calls)
+    keys = ["pid", "correlation_id"]
+    not_null = pl.all_horizontal([pl.col(k).is_not_null() for k in keys])
+    left = gpu_ops.lazy().select(keys).with_row_index("_row").filter(not_null)
+    right = api_calls.lazy().select(keys).with_row_index("_call").filter(not_null)
+    right = right.group_by(keys).agg(pl.col("_call").min())  # the first call of a repeated key
+    matched = left.join(right, on=keys, how="inner").select("_row", "_call").collect()
+    if matched.height:
+        out = out.scatter(matched["_row"], matched["_call"].cast(pl.Int64))
+    return out
+
+
+#: Ops matched per NumPy pass in :func:`launch_rows` (bounds the temporaries).
+_JOIN_CHUNK = 1 << 21
+
+
+def _packed_key(frame: pl.DataFrame, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(pid << 32 | correlation id) of rows ``lo:hi``, and where either is null (None: nowhere)."""
+    part = frame.slice(lo, (frame.height if hi is None else hi) - lo)
+    key = part.select(
+        (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation_id").cast(pl.Int64)).alias("k")
+    ).to_series()
+    nulls = key.is_null()
+    if nulls.any():
+        return key.fill_null(-1).to_numpy(), nulls.to_numpy()
+    return key.to_numpy(), None
+
+
+def _launch_rows_packed(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Series:
+    calls, call_nulls = _packed_key(api_calls)
+    rows = None if call_nulls is None else np.flatnonzero(~call_nulls)
+    if rows is not None:
+        calls = calls[rows]
+    order = None
+    if calls.size > 1 and not bool(np.all(calls[1:] >= calls[:-1])):  # nsys: already sorted
+        order = np.argsort(calls, kind="stable")  # equal keys keep frame order: first comes first
+        calls = calls[order]
+    n = gpu_ops.height
+    found = np.empty(n, dtype=np.int64)
+    missed = np.zeros(n, dtype=bool)
+
+    def chunk(lo: int) -> None:  # a chunk of ops, to bound the temporaries
+        hi = min(lo + _JOIN_CHUNK, n)
+        ops, op_nulls = _packed_key(gpu_ops, lo, hi)
+        at = np.searchsorted(calls, ops, side="left")
+        np.minimum(at, len(calls) - 1, out=at)
+        hit = calls[at] == ops
+        if op_nulls is not None:
+            hit &= ~op_nulls
+        if order is not None:
+            at = order[at]
+        found[lo:hi] = at if rows is None else rows[at]
+        np.logical_not(hit, out=missed[lo:hi])
+
+    in_threads(chunk, range(0, n, _JOIN_CHUNK))
+    index = pl.Series("_launch_row", found, dtype=pl.Int64)
+    return index.set(pl.Series(missed), None) if bool(missed.any()) else index
+
+
+def gather_launches(api_calls: pl.DataFrame, rows: pl.Series) -> list[pl.Series]:
+    """The :data:`LAUNCH_SCHEMA` columns for ``rows`` of ``api_calls`` (null rows → null)."""
+    if api_calls.height == 0:
+        return [pl.repeat(None, rows.len(), dtype=d, eager=True).alias(c) for c, d in LAUNCH_SCHEMA.items()]
+    taken = api_calls.select(
+        pl.col("start").gather(rows).cast(pl.Int64).alias("launch_start"),
+        pl.col("tid").gather(rows).cast(pl.Int32).alias("launch_tid"),
+        pl.col("name_id").gather(rows).cast(pl.Int32).alias("launch_name_id"),
+    )
+    return taken.get_columns()
+
+
+def join_launches(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFrame:
+    """``gpu_ops`` with the :data:`LAUNCH_SCHEMA` columns from ``api_calls`` (replacing any)."""
+    ops = gpu_ops.drop([c for c in LAUNCH_SCHEMA if c in gpu_ops.columns])
+    return ops.with_columns(gather_launches(api_calls, launch_rows(ops, api_calls)))
+
+
+def _packable(frame: pl.DataFrame) -> bool:
+    """pid in [0, 2^31) and correlation id in [0, 2^32) wherever not null."""
+    row = frame.select(
+        pl.col("pid").min().alias("pid_min"),
+        pl.col("pid").max().alias("pid_max"),
+        pl.col("correlation_id").min().alias("corr_min"),
+        pl.col("correlation_id").max().alias("corr_max"),
+    ).row(0)
+    pid_min, pid_max, corr_min, corr_max = row
+    pids_ok = pid_min is None or (pid_min >= 0 and pid_max < (1 << 31))
+    corrs_ok = corr_min is None or (corr_min >= 0 and corr_max < (1 << 32))
+    return pids_ok and corrs_ok
+
+
+def in_threads(work: Callable[[int], None], items: Iterable[int]) -> None:
+    """``work(item)`` for every item, on up to two threads (NumPy and Polars release the GIL in
+    the heavy calls); the items must touch disjoint data. Exceptions propagate."""
+    items = list(items)
+    if len(items) < 2 or _threads() < 2:
+        for item in items:
+            work(item)
+        return
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(work, item) for item in items]:
+            future.result()
+
+
+def _threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,171 @@
+"""The JSON report: the public contract (``docs/report.schema.json``), built from the run's
+inputs, metrics and checks. Markdown, HTML and JUnit are renderings of this document only.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+
+from traceguard import __version__
+from traceguard.checks.profiles import Profile
+from traceguard.checks.rules import CheckResult, verdict
+from traceguard.ingest import InputRecord
+from traceguard.ingest.sides import SideData
+from traceguard.metrics.run import RunResult
+
+SCHEMA_VERSION = "1"
+#: Metric names every ``metrics`` object carries (issue contract), in this order.
+CONTRACT_METRICS = (
+    "gpu_ops",
+    "gpu_to_cpu_copies",
+    "gpu_to_cpu_bytes",
+    "gpu_to_cpu_copy_rate",
+    "dtod_copies",
+    "dtod_bytes",
+    "dtod_bytes_per_step",
+    "peer_copies",
+    "peer_bytes",
+    "nccl_kernels",
+    "nccl_time_ns",
+    "nccl_exposed_ns",
+    "nccl_share_of_step",
+    "straggler_spread",
+    "step_count",
+)
+EXTRA_METRICS = (
+    "gpu_span_ns",
+    "nccl_step_ns",
+    "allreduce_bytes_per_step",
+    "dtod_to_gradient_ratio",
+    "host_device_bytes",
+    "pageable_host_bytes",
+    "pageable_host_share",
+)
+RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models")
+LINK_METRICS = (
+    "transport_fallback_pairs",
+    "nccl_transports",
+    "nccl_version",
+    "pcie_saturation",
+    "p2p_utilization",
+    "allreduce_peak_busbw_gbps",
+    "allreduce_small_latency_us",
+)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf → None, numpy/polars scalars → Python."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _metrics(values: dict[str, Any], null_reasons: dict[str, str], keys: tuple[str, ...]) -> dict[str, Any]:
+    out = {k: values.get(k) for k in keys}
+    out["null_reasons"] = {k: null_reasons[k] for k in keys if out.get(k) is None and k in null_reasons}
+    return out
+
+
+def _collectives(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    return frame.to_dicts() if frame.height else []
+
+
+def build(
+    inputs: list[InputRecord],
+    result: RunResult | None,
+    checks: list[CheckResult],
+    profile: Profile,
+    *,
+    side: SideData | None = None,
+) -> dict[str, Any]:
+    ranks = result.ranks if result else []
+    input_of_rank: dict[int, str] = {r: i.path for i in inputs for r in i.ranks}
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "traceguard_version": __version__,
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "profile": {"name": profile.name, "chain": profile.chain, "description": profile.description},
+        "verdict": verdict(checks),
+        "inputs": [
+            {
+                "path": i.path,
+                "format": i.format,
+                "tool_version": i.tool_version,
+                "schema_version": i.schema_version,
+                "rank": i.rank,
+                "ranks": i.ranks,
+                "rank_source": i.rank_source,
+                "error": i.error,
+                "error_code": i.error_code,
+                "warnings": i.warnings,
+            }
+            for i in inputs
+        ],
+        "run": {
+            "metrics": {
+                **_metrics(
+                    result.metrics if result else {},
+                    result.null_reasons if result else {},
+                    CONTRACT_METRICS + EXTRA_METRICS + RUN_ONLY + LINK_METRICS,
+                ),
+            },
+            "collectives": [row for r in ranks for row in _collectives(r.collectives)],
+            "straggler_steps": [
+                {
+                    "index": s.index,
+                    "slowest_rank": s.slowest_rank,
+                    "slowest_gpu_span_ns": s.slowest_ns,
+                    "median_gpu_span_ns": s.median_ns,
+                    "spread": s.spread,
+                }
+                for s in (result.straggler_steps if result else [])
+            ],
+        },
+        "ranks": [
+            {
+                "rank": r.rank,
+                "input": input_of_rank.get(r.rank),
+                "gpu_models": r.gpu_models,
+                "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS),
+                "steps": [
+                    {
+                        k: s[k]
+                        for k in (
+                            "name",
+                            "index",
+                            "cpu_ns",
+                            "gpu_span_ns",
+                            "nccl_ns",
+                            "nccl_share",
+                            "dtod_bytes",
+                            "dtod_copies",
+                            "peer_bytes",
+                            "peer_copies",
+                            "phases",
+                        )
+                    }
+                    for s in r.steps
+                ],
+                "collectives": _collectives(r.collectives),
+                "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,
+            }
+            for r in ranks
+        ],
+        "checks": [c.to_dict() for c in checks],
+        "nccl": side.nccl.to_dict(nvlink_pairs=side.nvlink_pairs) if side and side.nccl else None,
+        "side_inputs": {
+            "sources": side.sources if side else {},
+            "errors": side.errors if side else [],
+            "nvlink_pairs": sorted(sorted(p) for p in side.nvlink_pairs) if side and side.nvlink_pairs else None,
+            "collective_benchmark": side.nccl_tests.to_dicts() if side and side.nccl_tests is not None else [],
+        },
+    }
+    return _clean(doc)

@@ -1,0 +1,146 @@
+"""Self-contained HTML report: checks, metrics and the per-rank step breakdown as Plotly charts.
+
+The page embeds plotly.js once, so it opens offline (CI artifacts, air-gapped clusters).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from traceguard.checks.rules import format_value
+from traceguard.report.units import value_h
+
+_STATUS_COLOUR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem;color:#1f2328}
+h1 .verdict{padding:.1em .5em;border-radius:.3em;color:#fff}
+table{border-collapse:collapse;margin:.5rem 0 1.5rem}
+td,th{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:left;vertical-align:top;font-size:.9rem}
+th{background:#f6f8fa}.status{font-weight:600;color:#fff;border-radius:.3em;padding:.05em .4em}
+.muted{color:#6e7781}details{margin:.3rem 0}code{background:#f6f8fa;padding:0 .2em}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def step_breakdown_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Stacked phase CPU time per step and rank, with each step's GPU span and NCCL time."""
+    labels: list[str] = []
+    phases: dict[str, list[float]] = {}
+    spans: list[float | None] = []
+    nccl: list[float] = []
+    for rank in doc["ranks"]:
+        for step in rank["steps"]:
+            labels.append(f"r{rank['rank']} · {step['name']}")
+            spans.append(step["gpu_span_ns"] / 1e6 if step["gpu_span_ns"] is not None else None)
+            nccl.append(step["nccl_ns"] / 1e6)
+            for name in step["phases"]:
+                phases.setdefault(name, [])
+    if not labels:
+        return None
+    for name in phases:
+        phases[name] = [
+            step["phases"].get(name, {}).get("cpu_ns", 0) / 1e6 for rank in doc["ranks"] for step in rank["steps"]
+        ]
+    fig = go.Figure()
+    for name, values in phases.items():
+        fig.add_bar(name=f"{name} (CPU)", x=labels, y=values)
+    fig.add_scatter(name="GPU span", x=labels, y=spans, mode="markers", marker={"symbol": "diamond", "size": 11})
+    fig.add_scatter(name="NCCL time", x=labels, y=nccl, mode="markers", marker={"symbol": "x", "size": 11})
+    fig.update_layout(
+        barmode="stack",
+        title="Step breakdown per rank",
+        yaxis_title="ms",
+        legend={"orientation": "h"},
+        height=460,
+        margin={"t": 60},
+    )
+    return fig
+
+
+def nccl_share_figure(doc: dict[str, Any]) -> go.Figure | None:
+    check = next((c for c in doc["checks"] if c["id"] == "nccl_step_share"), None)
+    fig = go.Figure()
+    any_step = False
+    for rank in doc["ranks"]:
+        steps = [s for s in rank["steps"] if s["nccl_share"] is not None]
+        if steps:
+            any_step = True
+            fig.add_bar(name=f"rank {rank['rank']}", x=[s["name"] for s in steps], y=[s["nccl_share"] for s in steps])
+    if not any_step:
+        return None
+    for key, colour in (("warn", "#9a6700"), ("fail", "#cf222e")):
+        if check and check.get(key) is not None:
+            fig.add_hline(y=check[key], line_dash="dash", line_color=colour, annotation_text=f"{key} {check[key]:.0%}")
+    fig.update_layout(
+        barmode="group",
+        title="NCCL share of each step's GPU span",
+        yaxis_tickformat=".0%",
+        height=380,
+        margin={"t": 60},
+    )
+    return fig
+
+
+def render(doc: dict[str, Any]) -> str:
+    verdict = doc["verdict"]
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>traceguard — {_e(verdict)}</title><style>{_CSS}</style>",
+        f"<script>{get_plotlyjs()}</script></head><body>",
+        f"<h1>traceguard report <span class='verdict' style='background:{_STATUS_COLOUR.get(verdict, '#333')}'>"
+        f"{_e(verdict.upper())}</span></h1>",
+        f"<p class='muted'>profile <code>{_e(doc['profile']['name'])}</code> · traceguard "
+        f"{_e(doc['traceguard_version'])} · {_e(doc['generated_at'])}</p>",
+        "<h2>Checks</h2><table id='checks'><tr><th>check</th><th>status</th><th>value</th><th>detail</th></tr>",
+    ]
+    for c in doc["checks"]:
+        colour = _STATUS_COLOUR.get(c["status"], "#333")
+        detail = _e(c["reason"] if c["status"] == "skip" else c["message"])
+        if c.get("remedy"):
+            detail += f"<details><summary>remedy and evidence</summary><p>{_e(c['remedy'])}</p><ul>"
+            detail += "".join(
+                "<li>" + _e(", ".join(f"{k}={value_h(k, v)}" for k, v in row.items())) + "</li>"
+                for row in c["evidence"][:10]
+            )
+            detail += "</ul></details>"
+        parts.append(
+            f"<tr data-check='{_e(c['id'])}'><td><code>{_e(c['id'])}</code></td>"
+            f"<td><span class='status' style='background:{colour}'>{_e(c['status'])}</span></td>"
+            f"<td>{_e(format_value(c['value'], c.get('unit')))}</td><td>{detail}</td></tr>"
+        )
+    parts.append("</table><h2>Charts</h2>")
+    for fig_id, fig in (
+        ("step-breakdown", step_breakdown_figure(doc)),
+        ("nccl-share", nccl_share_figure(doc)),
+    ):
+        if fig is not None:
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))
+    if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
+        parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
+    parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
+    metrics = doc["run"]["metrics"]
+    for key, value in metrics.items():
+        if key == "null_reasons":
+            continue
+        shown = value_h(key, value)
+        if value is None and key in metrics["null_reasons"]:
+            shown += f" <span class='muted'>({_e(metrics['null_reasons'][key])})</span>"
+            parts.append(f"<tr><td><code>{_e(key)}</code></td><td>{shown}</td></tr>")
+        else:
+            parts.append(f"<tr><td><code>{_e(key)}</code></td><td>{_e(shown)}</td></tr>")
+    parts.append("</table><h2>Inputs</h2><table><tr><th>path</th><th>format</th><th>rank</th><th>notes</th></tr>")
+    for i in doc["inputs"]:
+        notes = _e(i["error"]) if i["error"] else _e("; ".join(i["warnings"]))
+        parts.append(
+            f"<tr><td>{_e(i['path'])}</td><td>{_e(i['format'] or '')} {_e(i['tool_version'] or '')}</td>"
+            f"<td>{_e(', '.join(map(str, i['ranks'])) or '')}</td><td>{notes}</td></tr>"
+        )
+    parts.append("</table></body></html>")
+    return "\n".join(parts)

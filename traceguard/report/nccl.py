@@ -1,0 +1,39 @@
+"""Markdown rendering of the NCCL transport report (``traceguard nccl``, and report sections)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceguard.report.markdown import table as md_table
+
+
+def matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], set[str]]]:
+    cells: dict[tuple[int, int], set[str]] = {}
+    for c in doc["connections"]:
+        if c["rank"] is None or c["peer"] is None:
+            continue
+        cells.setdefault((c["rank"], c["peer"]), set()).add(c["transport"] + (f"/{c['detail']}" if c["detail"] else ""))
+    ranks = sorted({r for pair in cells for r in pair})
+    return ranks, cells
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    lines = ["# NCCL transports", ""]
+    lines.append(
+        f"NCCL {doc['version'] or ', '.join(doc['versions']) or 'version not in the log'} · "
+        f"ranks {doc['ranks']} · nodes {doc['nodes']} · transports {', '.join(doc['transports']) or 'none'}"
+    )
+    ranks, cells = matrix(doc)
+    if ranks:
+        lines += ["", "## Matrix (rank → peer)", ""]
+        rows = [[str(r)] + [", ".join(sorted(cells.get((r, p), set()))) or "·" for p in ranks] for r in ranks]
+        lines += md_table(["rank \\ peer", *map(str, ranks)], rows)
+    if doc["env"]:
+        lines += ["", "## Set by environment", ""] + [f"- `{k}={v}`" for k, v in doc["env"].items()]
+    lines += ["", "## Findings", ""]
+    if not doc["findings"]:
+        lines.append("None.")
+    for f in doc["findings"]:
+        lines.append(f"- **{f['severity']}** `{f['id']}` (ranks {', '.join(map(str, f['ranks']))}): {f['message']}")
+        lines += [f"  - `{line}`" for line in f["evidence"][:4]]
+    return "\n".join(lines) + "\n"
