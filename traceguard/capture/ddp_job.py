@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -157,6 +158,29 @@ def main(argv: list[str] | None = None) -> int:
     if distributed:
         dist.init_process_group(backend=backend)
     args.out.mkdir(parents=True, exist_ok=True)
+    finished = False
+    try:
+        record = _train(args, rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)
+        (args.out / f"rank{rank}.json").write_text(json.dumps(record, indent=2))
+        finished = True
+    finally:
+        # DDP's reducer and gloo's async work hold the process group and tensors; left to
+        # interpreter finalization, gloo's worker threads are torn down without the GIL and the
+        # rank aborts ("terminate called without an active exception"). Free them first.
+        gc.collect()
+        if distributed:
+            if finished:
+                dist.barrier()  # nobody tears down while a peer still talks to it
+            dist.destroy_process_group()
+    return 0
+
+
+def _train(
+    args: argparse.Namespace, *, rank: int, world: int, local_rank: int, device: torch.device, backend: str
+) -> dict[str, Any]:
+    """Build, run and capture the job; returns the rank's record. Every object it makes dies with it."""
+    cuda = device.type == "cuda"
+    distributed = dist.is_initialized()
     nvtx = _Nvtx()
     torch.manual_seed(0)
 
@@ -290,10 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_", "CUDA_"))},
         "trace": trace_path.name if trace_path else None,
     }
-    (args.out / f"rank{rank}.json").write_text(json.dumps(record, indent=2))
-    if distributed:
-        dist.destroy_process_group()
-    return 0
+    return record
 
 
 if __name__ == "__main__":
