@@ -16,7 +16,7 @@ os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
@@ -29,6 +29,9 @@ from traceguard.errors import InputError, TraceguardError
 from traceguard.ingest.sides import SideFiles, side_files
 from traceguard.pipeline import Analysis, analyze
 from traceguard.report import html, junit, markdown
+
+if TYPE_CHECKING:
+    from traceguard.settings import Settings
 
 app = typer.Typer(
     name="traceguard",
@@ -135,6 +138,21 @@ def _warn_inputs(report: dict[str, Any]) -> None:
             err.print(f"[dim]note[/] {item['path']}: {warning}")
 
 
+def _print_checks(report: dict[str, Any], title: str = "") -> None:
+    table = Table(
+        title=f"traceguard{title} · profile {report['profile']['name']} · verdict {report['verdict'].upper()}"
+    )
+    for column in ("check", "status", "detail"):
+        table.add_column(column)
+    for c in report["checks"]:
+        detail = c["reason"] if c["status"] == "skip" else c["message"]
+        table.add_row(c["id"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail or "")
+    out.print(table)
+    for c in report["checks"]:
+        if c["status"] == "fail" and c.get("remedy"):
+            out.print(f"[bold red]{c['id']}[/]: {c['remedy']}")
+
+
 def _format_for(target: Path | None, fmt: ReportFormat | None) -> ReportFormat:
     if fmt is not None:
         return fmt
@@ -186,16 +204,7 @@ def check_command(
     analysis = _run(captures, profile, _sides(nccl_log, dmon, nccl_tests, topo, smi_q))
     report = analysis.report
     _warn_inputs(report)
-    table = Table(title=f"traceguard · profile {analysis.profile.name} · verdict {report['verdict'].upper()}")
-    for column in ("check", "status", "detail"):
-        table.add_column(column)
-    for c in report["checks"]:
-        detail = c["reason"] if c["status"] == "skip" else c["message"]
-        table.add_row(c["id"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail or "")
-    out.print(table)
-    for c in report["checks"]:
-        if c["status"] == "fail" and c.get("remedy"):
-            out.print(f"[bold red]{c['id']}[/]: {c['remedy']}")
+    _print_checks(report)
     if junit_path:
         _write(junit.render(report), junit_path)
     if json_path:
@@ -341,6 +350,245 @@ def profiles_command() -> None:
         for rule_id, rule in profile.rules.items():
             table.add_row(rule_id, str(rule.enabled), rule.op, str(rule.warn), str(rule.fail))
         out.print(table)
+
+
+# --------------------------------------------------------------------------------------------
+# The service: serve, tokens, the local store, and the upload client (imports kept lazy so that
+# the analysis commands start without SQLAlchemy or FastAPI).
+
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Store directory (blobs, embedded SQLite). Default: $TRACEGUARD_DATA_DIR or ~/.local/share/traceguard; "
+        "$TRACEGUARD_DATABASE_URL replaces the embedded database.",
+        show_default=False,
+    ),
+]
+LabelOpt = Annotated[list[str] | None, typer.Option("--label", "-l", help="Run label key=value (repeatable).")]
+
+
+def _settings(data_dir: Path | None) -> Settings:
+    from traceguard.settings import Settings
+
+    return Settings(data_dir=data_dir) if data_dir else Settings()
+
+
+def _where(settings) -> str:
+    return (
+        "the database at $TRACEGUARD_DATABASE_URL"
+        if settings.database_url
+        else str(settings.data_dir / "traceguard.db")
+    )
+
+
+def _labels(items: list[str] | None) -> dict[str, str]:
+    labels = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            err.print(f"[bold red]error[/]: label {item!r} is not key=value")
+            raise typer.Exit(2)
+        labels[key] = value
+    return labels
+
+
+def _fail(exc: TraceguardError) -> typer.Exit:
+    err.print(f"[bold red]error[/]: {exc.message}")
+    if exc.hint:
+        err.print(f"  {exc.hint}")
+    return typer.Exit(exc.exit_code)
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    data_dir: DataDirOpt = None,
+    workers: Annotated[int | None, typer.Option(help="Analysis worker threads (default 2).")] = None,
+) -> None:
+    """Run the service (API, web pages, background analysis). On an empty store it creates project
+    `default` and prints an admin token, once."""
+    import uvicorn
+
+    from api.app import create_app
+    from traceguard.service.context import Context
+
+    settings = _settings(data_dir)
+    if workers:
+        settings.workers = workers
+    try:
+        ctx = Context.open(settings)
+        secret = ctx.bootstrap()
+        ctx.close()
+    except TraceguardError as exc:
+        raise _fail(exc) from None
+    if secret:
+        err.print(f"created project [bold]default[/]; its admin token (shown only now):\n{secret}")
+    where = _where(settings)
+    err.print(f"traceguard serving on http://{host}:{port} · store {where} · blobs {settings.data_dir / 'blobs'}")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", access_log=False)
+
+
+token_app = typer.Typer(help="API tokens (scoped to one project).")
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    project: Annotated[str, typer.Option(help="Project the token may see (created if new).")],
+    scope: Annotated[str, typer.Option(help="Comma-separated scopes: read, upload, admin.")] = "read",
+    name: Annotated[str, typer.Option(help="A note saying what the token is for.")] = "",
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Create a token and print it (the store keeps only its hash)."""
+    from traceguard.service.context import Context
+    from traceguard.store.access import create_token, get_or_create_project, parse_scopes
+    from traceguard.store.db import transaction
+
+    try:
+        scopes = parse_scopes(scope)
+        ctx = Context.open(_settings(data_dir))
+        with transaction(ctx.factory) as session:
+            _, secret = create_token(session, get_or_create_project(session, project), scopes, name=name)
+        ctx.close()
+    except TraceguardError as exc:
+        raise _fail(exc) from None
+    sys.stdout.write(secret + "\n")
+
+
+@app.command("record")
+def record_command(
+    captures: Annotated[
+        list[Path], typer.Argument(help="Capture files, side files, run bundles (directories or archives).")
+    ],
+    project: Annotated[str, typer.Option(help="Project to record the run in.")] = "default",
+    name: Annotated[str, typer.Option(help="Run name.")] = "",
+    label: LabelOpt = None,
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Analyse captures and keep the run in the store (no server needed): the same intake and job
+    the service runs. Exits like `check`."""
+    from traceguard.service.analysis import execute
+    from traceguard.service.context import Context
+    from traceguard.service.intake import receive_path
+    from traceguard.store import jobs, results
+    from traceguard.store.access import get_or_create_project
+    from traceguard.store.db import transaction
+    from traceguard.store.runs import create_run
+    from traceguard.store.tables import Job, Run
+
+    if profile not in available():
+        err.print(f"[bold red]error[/]: unknown profile {profile!r} (profiles: {', '.join(sorted(available()))})")
+        raise typer.Exit(2)
+    files = [p for c in captures for p in (sorted(x for x in c.iterdir() if x.is_file()) if c.is_dir() else [c])]
+    try:
+        ctx = Context.open(_settings(data_dir))
+        with transaction(ctx.factory) as session:
+            run = create_run(
+                session, get_or_create_project(session, project).id, name=name, labels=_labels(label), profile=profile
+            )
+            for path in files:
+                try:
+                    intake = receive_path(ctx, session, run, path)
+                except InputError as exc:
+                    err.print(f"[yellow]skipped[/] {exc}")
+                    continue
+                for row, _ in intake.files:
+                    err.print(f"stored {row.name} ({row.kind})")
+            job, _ = jobs.enqueue(session, run)
+            job.status, job.attempts, job.worker = "running", 1, "cli"
+            run_id, job_id = run.id, job.id
+        with err.status(f"analysing run {run_id}", spinner="dots"):
+            status = execute(ctx, job_id, "cli")
+        with ctx.factory() as session:
+            job_row = session.get(Job, job_id)
+            run_row = session.get(Run, run_id)
+            stored = results.latest_report(session, run_row) if run_row else None
+    except TraceguardError as exc:
+        raise _fail(exc) from None
+    where = _where(ctx.settings)
+    if status != "succeeded" or stored is None:
+        err.print(f"[bold red]error[/]: run {run_id}: {job_row.error_code}: {job_row.error_message}")
+        raise typer.Exit(2)
+    report = stored.document
+    _warn_inputs(report)
+    _print_checks(report, f" · run {run_id}")
+    err.print(f"run {run_id} recorded in {where}")
+    ctx.close()
+    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+@app.command("upload")
+def upload_command(
+    paths: Annotated[
+        list[str], typer.Argument(help="Files to upload (FILE:RANK names the rank); directories upload their files.")
+    ],
+    server: Annotated[str, typer.Option(envvar="TRACEGUARD_SERVER", help="Service URL.")],
+    token: Annotated[str, typer.Option(envvar="TRACEGUARD_TOKEN", help="API token with read and upload scopes.")],
+    label: LabelOpt = None,
+    name: Annotated[str, typer.Option(help="Run name.")] = "",
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    run_id: Annotated[int | None, typer.Option("--run", help="Add to this run instead of creating one.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the analysis.")] = 1800.0,
+    junit_path: Annotated[Path | None, typer.Option("--junit", help="Write the checks as JUnit XML here.")] = None,
+) -> None:
+    """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
+    like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from traceguard.client import Client, ServiceError
+    from traceguard.ingest import parse_spec
+
+    specs = []
+    for text in paths:
+        spec = parse_spec(text)
+        if spec.path.is_dir():
+            specs += [(p, None) for p in sorted(spec.path.iterdir()) if p.is_file()]
+        elif spec.path.is_file():
+            specs.append((spec.path, spec.rank))
+        else:
+            err.print(f"[bold red]error[/]: {spec.path}: no such file")
+            raise typer.Exit(2)
+    client = Client(server, token)
+    try:
+        run = {"id": run_id} if run_id else client.create_run(name=name, labels=_labels(label), profile=profile)
+        stored = 0
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err
+        ) as progress:
+            for path, rank in specs:
+                task = progress.add_task(path.name, total=path.stat().st_size)
+                try:
+                    result = client.upload(
+                        run["id"], path, rank=rank, on_bytes=lambda n, t=task: progress.advance(t, n)
+                    )
+                    stored += len(result["files"])
+                except ServiceError as exc:
+                    if exc.status not in (415, 422):
+                        raise
+                    progress.console.print(f"[yellow]skipped[/] {exc.message}")
+        if not stored:
+            err.print("[bold red]error[/]: the service accepted none of the files")
+            raise typer.Exit(2)
+        job = client.analyze(run["id"], profile if run_id else None)
+        with err.status(f"analysing run {run['id']} (job {job['id']})", spinner="dots"):
+            job = client.wait(job["id"], timeout=timeout)
+        if job["status"] != "succeeded":
+            err.print(f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {job['error']['message']}")
+            raise typer.Exit(2)
+        report = client.report(run["id"]).json()
+    except ServiceError as exc:
+        raise _fail(exc) from None
+    finally:
+        client.close()
+    _warn_inputs(report)
+    _print_checks(report, f" · run {run['id']}")
+    err.print(f"report: {server.rstrip('/')}/runs/{run['id']}")
+    if junit_path:
+        _write(junit.render(report), junit_path)
+    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
 
 
 def console_main() -> None:

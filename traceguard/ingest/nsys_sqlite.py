@@ -134,6 +134,10 @@ _BLOB = "blob"
 _DTYPES: dict[str, pl.DataType] = {_INT: pl.Int64(), _TEXT: pl.String(), _BLOB: pl.Binary()}
 
 
+class TooManyRows(InputError):
+    code = "too_many_rows"
+
+
 def looks_like_nsys(conn: sqlite3.Connection) -> bool:
     """True when the database has nsys's string table and nsys's metadata or event tables."""
     return _looks_like_nsys(real_tables(conn))
@@ -281,6 +285,7 @@ class _Reader:
                 f"StringIds and metadata/CUPTI/NVTX tables (found: {found}).",
                 hint="export the capture with `nsys export --type sqlite -o X.sqlite X.nsys-rep`",
             )
+        self.check_row_limit()
         strings = self.strings()
         launch_ids = self.launch_name_ids(strings) if self.launches_only else None
         pending = self.start_api_calls(launch_ids)
@@ -523,6 +528,32 @@ class _Reader:
         # Enum physical code = index into COPY_KINDS, so the synthetic id is arithmetic.
         name_id = -(pl.col("copy_kind").to_physical().cast(pl.Int64) + 1)
         return copies.with_columns(name_id.fill_null(MEMCPY_NAME_IDS["unknown"]).alias("name_id"))
+
+    def check_row_limit(self) -> None:
+        """Refuse files whose event tables hold more rows than ``$TRACEGUARD_MAX_ROWS`` (the service
+        sets it for untrusted uploads). Rows are counted from the rowid range: O(log n) per table."""
+        limit = int(os.environ.get("TRACEGUARD_MAX_ROWS") or 0)
+        if limit <= 0:
+            return
+        total = 0
+        for table in (KERNEL, MEMCPY, MEMSET, NVTX, *self.api_tables()):
+            if table not in self.tables:
+                continue
+            rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in self.columns(table)), None)
+            if rowid is None:
+                continue
+            quoted = table.replace('"', '""')
+            try:
+                low = self.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0]
+                high = self.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0]
+            except sqlite3.Error:
+                continue
+            total += max(0, int(high) - int(low) + 1)
+        if total > limit:
+            raise TooManyRows(
+                f"{self.shown} holds about {total:,} event rows, more than the limit of {limit:,}",
+                hint="capture fewer steps (a shorter nsys --capture-range), or raise TRACEGUARD_MAX_ROWS",
+            )
 
     def api_tables(self) -> list[str]:
         return [t for t in (RUNTIME, DRIVER) if t in self.tables]

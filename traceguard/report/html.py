@@ -1,6 +1,8 @@
-"""Self-contained HTML report: checks, metrics and the per-rank step breakdown as Plotly charts.
+"""HTML report: checks, metrics, the per-rank step breakdown and the NCCL transport matrix as
+Plotly charts.
 
-The page embeds plotly.js once, so it opens offline (CI artifacts, air-gapped clusters).
+By default the page embeds plotly.js once, so it opens offline (CI artifacts, air-gapped
+clusters); the service passes ``plotly_src`` to load it from its own static route instead.
 """
 
 from __future__ import annotations
@@ -88,12 +90,73 @@ def nccl_share_figure(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def render(doc: dict[str, Any]) -> str:
+TRANSPORT_ORDER = ("P2P", "NVLS", "COLLNET", "NET", "SHM")
+_TRANSPORT_COLOUR = {"P2P": "#1a7f37", "NVLS": "#2da44e", "COLLNET": "#0969da", "NET": "#9a6700", "SHM": "#cf222e"}
+
+
+def transport_matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], str]]:
+    """Rank × peer → the transport classes NCCL logged for that pair (e.g. ``"P2P"``, ``"SHM"``,
+    ``"P2P+NET"`` when channels differ); from ``nccl.connections``."""
+    seen: dict[tuple[int, int], set[str]] = {}
+    for conn in (doc.get("nccl") or {}).get("connections", []):
+        if conn.get("rank") is None or conn.get("peer") is None:
+            continue
+        seen.setdefault((conn["rank"], conn["peer"]), set()).add(str(conn["transport"]).upper())
+    ranks = sorted({r for pair in seen for r in pair})
+    order = {name: i for i, name in enumerate(TRANSPORT_ORDER)}
+    return ranks, {pair: "+".join(sorted(kinds, key=lambda k: order.get(k, 99))) for pair, kinds in seen.items()}
+
+
+def transport_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Heatmap of the transport per rank pair: green P2P/NVLink, amber NET, red SHM (the fallback)."""
+    ranks, pairs = transport_matrix(doc)
+    if not pairs:
+        return None
+    classes = sorted(
+        set(pairs.values()),
+        key=lambda c: [TRANSPORT_ORDER.index(k) if k in TRANSPORT_ORDER else 99 for k in c.split("+")],
+    )
+    code = {name: i for i, name in enumerate(classes)}
+    z = [[code.get(pairs.get((r, p), "")) for p in ranks] for r in ranks]
+    text = [[pairs.get((r, p), "") for p in ranks] for r in ranks]
+    colours = [_TRANSPORT_COLOUR.get(c.split("+")[-1], "#6e7781") for c in classes]
+    n = len(classes)
+    scale = []
+    for i, colour in enumerate(colours):
+        scale += [[i / n, colour], [(i + 1) / n, colour]]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"peer {p}" for p in ranks],
+            y=[f"rank {r}" for r in ranks],
+            text=text,
+            texttemplate="%{text}",
+            colorscale=scale,
+            zmin=-0.5,
+            zmax=n - 0.5,
+            showscale=False,
+            hovertemplate="%{y} → %{x}: %{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="NCCL transport per rank pair (from NCCL_DEBUG=INFO)",
+        height=max(260, 60 * len(ranks) + 120),
+        yaxis={"autorange": "reversed"},
+        margin={"t": 60},
+    )
+    return fig
+
+
+def render(doc: dict[str, Any], *, plotly_src: str | None = None, header_html: str = "") -> str:
+    """The report page. ``plotly_src``: load plotly.js from this URL instead of embedding it;
+    ``header_html``: trusted markup (the service's navigation) put above the report."""
     verdict = doc["verdict"]
+    script = f"<script src='{_e(plotly_src)}'></script>" if plotly_src else f"<script>{get_plotlyjs()}</script>"
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>traceguard — {_e(verdict)}</title><style>{_CSS}</style>",
-        f"<script>{get_plotlyjs()}</script></head><body>",
+        f"{script}</head><body>",
+        header_html,
         f"<h1>traceguard report <span class='verdict' style='background:{_STATUS_COLOUR.get(verdict, '#333')}'>"
         f"{_e(verdict.upper())}</span></h1>",
         f"<p class='muted'>profile <code>{_e(doc['profile']['name'])}</code> · traceguard "
@@ -119,6 +182,7 @@ def render(doc: dict[str, Any]) -> str:
     for fig_id, fig in (
         ("step-breakdown", step_breakdown_figure(doc)),
         ("nccl-share", nccl_share_figure(doc)),
+        ("transport-matrix", transport_figure(doc)),
     ):
         if fig is not None:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))

@@ -1,0 +1,71 @@
+"""One JSON error shape for every failure: ``{"error": {"code", "message"[, "hint"]}}``.
+
+TraceguardError subclasses map to HTTP statuses here, once; routes just raise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from traceguard.errors import InputError, NoUsableInputError, ProfileError, TraceguardError, UnsupportedFormatError
+from traceguard.store.blobs import TooLarge
+
+
+class ApiError(TraceguardError):
+    def __init__(
+        self, status: int, code: str, message: str, *, hint: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.code = code
+        self.headers = headers
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"{what} not found")
+
+
+def status_of(exc: TraceguardError) -> int:
+    if isinstance(exc, ApiError):
+        return exc.status
+    if isinstance(exc, TooLarge):
+        return 413
+    if isinstance(exc, UnsupportedFormatError):
+        return 415
+    if isinstance(exc, InputError | ProfileError | NoUsableInputError):
+        return 422
+    if exc.code in ("analysis_timeout",):
+        return 504
+    return 500 if exc.code in ("store_unavailable",) else 422
+
+
+def error_body(code: str, message: str, hint: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if hint:
+        body["hint"] = hint
+    return {"error": body}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(TraceguardError)
+    async def _traceguard(_request: Request, exc: TraceguardError) -> JSONResponse:
+        return JSONResponse(exc.to_dict(), status_code=status_of(exc), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
+            exc.status_code, "http_error"
+        )
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'request'}: {e.get('msg')}"
+            for e in exc.errors()[:5]
+        )
+        return JSONResponse(error_body("invalid_request", problems), status_code=422)

@@ -1,0 +1,347 @@
+"""Runs: create, list, show; upload files; start analysis; reports, steps, phases, compare."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import ContextDep, PoolDep, Reader, SessionDep, Uploader
+from api.errors import ApiError, not_found
+from api.schemas import (
+    Comparison,
+    PhaseHit,
+    PhaseList,
+    RunCreate,
+    RunDetail,
+    RunList,
+    RunPublic,
+    StepList,
+    UploadResult,
+)
+from api.streaming import Received, parse_rank, receive_upload
+from api.views import file_public, job_public, run_detail, run_public, step_row
+from traceguard.checks.profiles import available
+from traceguard.errors import InputError
+from traceguard.report import html as html_report
+from traceguard.report import markdown
+from traceguard.report.compare import compare
+from traceguard.service.analysis import report_for
+from traceguard.service.context import Context
+from traceguard.service.intake import receive
+from traceguard.store import jobs, results
+from traceguard.store.db import transaction
+from traceguard.store.runs import create_run, get_run, list_runs, parse_label_filter, run_files, run_jobs
+from traceguard.store.tables import Run
+
+router = APIRouter(prefix="/v1", tags=["runs"])
+ERRORS = {401: {"description": "no or bad token"}, 404: {"description": "no such run in this project"}}
+
+
+def check_profile(name: str) -> str:
+    """Only the profiles this service ships (never a path a caller names)."""
+    if name not in available():
+        raise InputError(f"unknown profile {name!r}", hint=f"profiles: {', '.join(sorted(available()))}")
+    return name
+
+
+def _visible(session: SessionDep, project_id: int, run_id: int) -> Run:
+    run = get_run(session, project_id, run_id)
+    if run is None:
+        raise not_found(f"run {run_id}")
+    return run
+
+
+@router.post("/runs", status_code=201, responses=ERRORS)
+def post_run(body: RunCreate, who: Uploader, session: SessionDep, response: Response) -> RunPublic:
+    """Create a run (a training run whose captures will be uploaded) with its labels."""
+    run = create_run(session, who.project_id, name=body.name, labels=body.labels, profile=check_profile(body.profile))
+    session.commit()
+    response.headers["Location"] = f"/v1/runs/{run.id}"
+    return run_public(run)
+
+
+def _labels(label: list[str]) -> list[tuple[str, str]]:
+    return [parse_label_filter(text) for text in label]
+
+
+@router.get("/runs", responses=ERRORS)
+def get_runs(
+    who: Reader,
+    session: SessionDep,
+    label: Annotated[list[str], Query(description="key:value, repeatable (all must match)")] = [],  # noqa: B006
+    status: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> RunList:
+    """The project's runs, newest first, filtered by labels, status and creation time; paginated."""
+    page = list_runs(
+        session,
+        who.project_id,
+        labels=_labels(label),
+        status=status,
+        created_after=created_after,
+        created_before=created_before,
+        limit=limit,
+        cursor=cursor,
+    )
+    return RunList(runs=[run_public(r) for r in page.runs], next_cursor=page.next_cursor)
+
+
+@router.get("/runs/{run_id}", responses=ERRORS)
+def get_one_run(run_id: int, who: Reader, session: SessionDep) -> RunDetail:
+    """The run with its files, its analysis jobs and its verdict."""
+    run = _visible(session, who.project_id, run_id)
+    return run_detail(run, run_files(session, run.id), run_jobs(session, run.id))
+
+
+def _store_upload(
+    ctx: Context, run_id: int, project_id: int, received: Received, analyze: bool, profile: str | None
+) -> tuple[UploadResult, int]:
+    with transaction(ctx.factory) as session:
+        run = get_run(session, project_id, run_id)
+        if run is None:
+            raise not_found(f"run {run_id}")
+        files, duplicates, skipped = [], [], []
+        for item in received.files:
+            intake = receive(ctx, session, run, item.writer, name=item.name, rank=item.rank)
+            for row, created in intake.files:
+                files.append(row)
+                if not created:
+                    duplicates.append(row.id)
+            skipped.extend(intake.skipped)
+        session.flush()
+        job = None
+        if analyze:
+            job, _ = jobs.enqueue(session, run, profile)
+        return (
+            UploadResult(
+                files=[file_public(f) for f in files],
+                duplicates=duplicates,
+                skipped=skipped,
+                job=job_public(job) if job else None,
+            ),
+            sum(f.size for f in files),
+        )
+
+
+@router.post(
+    "/runs/{run_id}/files",
+    status_code=202,
+    responses={
+        **ERRORS,
+        201: {"description": "stored, no analysis asked for", "model": UploadResult},
+        413: {"description": "over the size limit"},
+        415: {"description": "not a kind of file traceguard reads"},
+        422: {"description": "damaged or unsafe content"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "rank": {"type": "integer", "description": "rank of the file parts that follow"},
+                            "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        },
+                    }
+                },
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+            "required": True,
+        }
+    },
+)
+async def upload_files(
+    run_id: int,
+    request: Request,
+    who: Uploader,
+    ctx: ContextDep,
+    pool: PoolDep,
+    name: str | None = None,
+    rank: str | None = None,
+    analyze: bool = True,
+    profile: str | None = None,
+) -> JSONResponse:
+    """Upload files (multipart, or one raw body with ``?name=``), streamed to disk.
+
+    The kind is detected from the content: nsys SQLite (plain or gzip), .nsys-rep, Kineto JSON
+    (plain or gzip), NCCL_DEBUG log, nvidia-smi dmon / topo -m / -q output, nccl-tests output, or
+    a whole run bundle as .tar, .tar.gz or .zip. The same bytes uploaded again are not stored
+    twice. Analysis starts at once as a background job (202 with the job's URL) unless
+    ``analyze=false`` (201)."""
+    if profile is not None:
+        check_profile(profile)
+    with ctx.factory() as session:
+        _visible(session, who.project_id, run_id)  # 404 before reading any body
+    received = await receive_upload(
+        request,
+        ctx.blobs,
+        file_limit=ctx.settings.max_file_bytes,
+        request_limit=ctx.settings.max_request_bytes,
+        name=name,
+        rank=parse_rank(rank),
+    )
+    metrics = request.app.state.metrics
+    try:
+        result, size = await run_in_threadpool(_store_upload, ctx, run_id, who.project_id, received, analyze, profile)
+    except Exception:
+        metrics.uploads.labels("refused").inc(len(received.files))
+        raise
+    finally:
+        received.discard()
+    metrics.uploads.labels("stored").inc(len(result.files))
+    metrics.upload_bytes.inc(size)
+    headers = {}
+    if result.job is not None:
+        headers["Location"] = result.job.url
+        if pool is not None:
+            pool.wake()
+    return JSONResponse(result.model_dump(mode="json"), status_code=202 if result.job else 201, headers=headers)
+
+
+@router.post("/runs/{run_id}/analyze", status_code=202, responses=ERRORS)
+def analyze_run(
+    run_id: int, who: Uploader, session: SessionDep, pool: PoolDep, response: Response, profile: str | None = None
+) -> UploadResult:
+    """Analyse the run's current files (again) as a background job; the same input set and
+    profile give the same job."""
+    run = _visible(session, who.project_id, run_id)
+    if not run_files(session, run.id):
+        raise InputError(f"run {run_id} has no files yet", hint="upload captures first")
+    job, _ = jobs.enqueue(session, run, check_profile(profile) if profile else None)
+    session.commit()
+    if pool is not None:
+        pool.wake()
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return UploadResult(files=[], duplicates=[], skipped=[], job=job_public(job))
+
+
+def _report_doc(ctx: Context, session: SessionDep, run: Run, profile: str | None) -> dict:
+    if profile is None or profile == run.profile:
+        stored = results.latest_report(session, run)
+        if stored is not None:
+            return stored.document
+        if run.status in ("queued", "running", "created"):
+            raise ApiError(409, "not_ready", f"run {run.id} has no analysis yet (status {run.status})")
+    return report_for(ctx, run, check_profile(profile or run.profile))
+
+
+@router.get(
+    "/runs/{run_id}/report",
+    responses={
+        **ERRORS,
+        409: {"description": "not analysed yet"},
+        200: {"content": {"text/html": {}, "text/markdown": {}}},
+    },
+)
+def get_report(
+    run_id: int,
+    who: Reader,
+    session: SessionDep,
+    ctx: ContextDep,
+    profile: str | None = None,
+    format: Literal["json", "md", "html"] = "json",
+) -> Response:
+    """The run's report (docs/report.schema.json) under its own profile or any other (computed on
+    first request and kept)."""
+    run = _visible(session, who.project_id, run_id)
+    doc = _report_doc(ctx, session, run, profile)
+    if format == "md":
+        return PlainTextResponse(markdown.render(doc), media_type="text/markdown; charset=utf-8")
+    if format == "html":
+        return HTMLResponse(html_report.render(doc, plotly_src="/static/plotly.min.js"))
+    return JSONResponse(doc)
+
+
+@router.get("/runs/{run_id}/steps", responses=ERRORS)
+def get_steps(
+    run_id: int,
+    who: Reader,
+    session: SessionDep,
+    rank: int | None = None,
+    phase: str | None = None,
+    from_step: Annotated[int | None, Query(ge=0, description="first step index (time order within each rank)")] = None,
+    to_step: Annotated[int | None, Query(ge=0, description="last step index, inclusive")] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> StepList:
+    """Step breakdown rows of the latest analysis, with their phases (only ``phase`` when given)."""
+    run = _visible(session, who.project_id, run_id)
+    steps = results.query_steps(
+        session, run.id, rank=rank, from_step=from_step, to_step=to_step, limit=limit, offset=offset
+    )
+    phases = results.phases_of_steps(session, run.id, steps, phase)
+    by_step: dict[tuple[int, int], list] = {}
+    for p in phases:
+        by_step.setdefault((p.rank, p.step_index), []).append(p)
+    rows = [step_row(s, by_step.get((s.rank, s.step_index), [])) for s in steps]
+    if phase is not None:
+        rows = [r for r in rows if r.phases]
+    return StepList(run_id=run.id, steps=rows)
+
+
+@router.get("/phases", responses=ERRORS)
+def get_phases(
+    who: Reader,
+    session: SessionDep,
+    phase: str | None = None,
+    min_nccl_share: Annotated[float | None, Query(ge=0, le=1)] = None,
+    label: Annotated[list[str], Query(description="key:value, repeatable")] = [],  # noqa: B006
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    run_id: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> PhaseList:
+    """Phase rows across the project's runs, e.g. ``?phase=backward&min_nccl_share=0.4&label=cluster:B
+    &created_after=...``: which runs had NCCL above 40 % of the backward phase."""
+    hits = results.query_phases(
+        session,
+        who.project_id,
+        phase=phase,
+        min_nccl_share=min_nccl_share,
+        labels=_labels(label),
+        created_after=created_after,
+        created_before=created_before,
+        run_id=run_id,
+        limit=limit,
+        offset=offset,
+    )
+    return PhaseList(
+        phases=[
+            PhaseHit(
+                run_id=r.id,
+                run_name=r.name,
+                labels={lb.key: lb.value for lb in r.labels},
+                rank=p.rank,
+                step_index=p.step_index,
+                phase=p.phase,
+                cpu_ns=p.cpu_ns,
+                gpu_ns=p.gpu_ns,
+                nccl_ns=p.nccl_ns,
+                nccl_share=p.nccl_share,
+            )
+            for p, r in hits
+        ]
+    )
+
+
+@router.get("/compare", responses={**ERRORS, 409: {"description": "a run is not analysed yet"}})
+def get_compare(
+    base: int, head: int, who: Reader, session: SessionDep, ctx: ContextDep, profile: str | None = None
+) -> Comparison:
+    """Run-level metric deltas (head − base) and the checks whose status changed. Both runs are
+    compared under one profile: ``profile``, else the head run's."""
+    base_run = _visible(session, who.project_id, base)
+    head_run = _visible(session, who.project_id, head)
+    chosen = profile or head_run.profile
+    base_doc = _report_doc(ctx, session, base_run, chosen)
+    head_doc = _report_doc(ctx, session, head_run, chosen)
+    return Comparison(base=base, head=head, profile=chosen, **compare(base_doc, head_doc))

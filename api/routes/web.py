@@ -1,0 +1,176 @@
+"""Web pages: a login form that exchanges a token for an HttpOnly session cookie, the runs list,
+and each run's report with its charts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import quote
+
+import plotly
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
+
+from api.deps import SESSION_COOKIE, ContextDep, Principal, SessionDep, principal
+from api.errors import ApiError
+from traceguard.checks.profiles import available
+from traceguard.errors import TraceguardError
+from traceguard.report import html as html_report
+from traceguard.service.analysis import report_for
+from traceguard.store import access, results
+from traceguard.store.runs import RUN_STATUSES, get_run, list_runs, parse_label_filter, run_files, run_jobs
+from traceguard.store.tables import Project
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent.parent / "templates"))
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def _who(request: Request, session: Session) -> Principal | None:
+    try:
+        who = principal(request, session)
+    except ApiError:
+        return None
+    return who if "read" in who.scopes else None
+
+
+def _to_login(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def _safe_next(target: str) -> str:
+    """Only paths on this site (no scheme, no //host) may follow a login."""
+    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/runs"
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/runs", status_code=303)
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js() -> FileResponse:
+    return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/runs") -> HTMLResponse:
+    return templates.TemplateResponse(request, "login.html", {"error": None, "next": _safe_next(next)})
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    ctx: ContextDep,
+    session: SessionDep,
+    token: Annotated[str, Form()],
+    next: Annotated[str, Form()] = "/runs",
+) -> Response:
+    found = access.authenticate(session, token.strip())
+    if found is None or not access.has_scope(found, "read"):
+        return templates.TemplateResponse(
+            request,
+            "login.html",
+            {"error": "That token is not valid here, or lacks the read scope.", "next": _safe_next(next)},
+            status_code=401,
+        )
+    secret = access.create_web_session(session, found, ctx.settings.session_hours)
+    session.commit()
+    response = RedirectResponse(_safe_next(next), status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        max_age=int(ctx.settings.session_hours * 3600),
+        httponly=True,
+        secure=ctx.settings.secure_cookies or request.url.scheme == "https",
+        samesite="strict",
+        path="/",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, session: SessionDep) -> RedirectResponse:
+    if cookie := request.cookies.get(SESSION_COOKIE):
+        access.end_web_session(session, cookie)
+        session.commit()
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _project_name(session: Session, who: Principal) -> str:
+    project = session.get(Project, who.project_id)
+    return project.name if project else "?"
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(
+    request: Request,
+    session: SessionDep,
+    label: str | None = None,
+    status: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    who = _who(request, session)
+    if who is None:
+        return _to_login(request)
+    try:
+        page = list_runs(
+            session,
+            who.project_id,
+            labels=[parse_label_filter(label)] if label else [],
+            status=status or None,
+            cursor=cursor,
+        )
+    except TraceguardError as exc:
+        return HTMLResponse(f"<p>{exc}</p><a href='/runs'>back</a>", status_code=422)
+    return templates.TemplateResponse(
+        request,
+        "runs.html",
+        {
+            "runs": page.runs,
+            "next_cursor": page.next_cursor,
+            "label": label,
+            "status": status,
+            "statuses": RUN_STATUSES,
+            "project": _project_name(session, who),
+        },
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(
+    request: Request, run_id: int, session: SessionDep, ctx: ContextDep, profile: str | None = None
+) -> Response:
+    who = _who(request, session)
+    if who is None:
+        return _to_login(request)
+    run = get_run(session, who.project_id, run_id)
+    if run is None:
+        return HTMLResponse("<h1>Not found</h1><p>No such run in this project. <a href='/runs'>Runs</a></p>", 404)
+    chosen = profile if profile in available() else run.profile
+    context = {
+        "run": run,
+        "files": run_files(session, run.id),
+        "profile": chosen,
+        "profiles": sorted(available()),
+        "project": _project_name(session, who),
+    }
+    doc = None
+    stored = results.latest_report(session, run)
+    if chosen == run.profile:
+        doc = stored.document if stored else None
+    elif stored is not None:
+        try:
+            doc = report_for(ctx, run, chosen)
+        except TraceguardError as exc:
+            return HTMLResponse(f"<p>{exc}</p>", status_code=422)
+    if doc is None:
+        jobs = run_jobs(session, run.id)
+        return templates.TemplateResponse(request, "run_pending.html", {**context, "job": jobs[-1] if jobs else None})
+    header = templates.get_template("run_header.html").render(**context)
+    return HTMLResponse(html_report.render(doc, plotly_src="/static/plotly.min.js", header_html=header))

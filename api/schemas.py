@@ -1,0 +1,182 @@
+"""Request and response models, one family per resource (``RunCreate``, ``RunPublic``, ...)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    hint: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class RunCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("", max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict, description="e.g. git_sha, branch, cluster, model")
+    profile: str = Field("production", description="the checklist profile the run's jobs use")
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobPublic(BaseModel):
+    id: int
+    run_id: int
+    status: str = Field(description="queued, running, succeeded or failed")
+    profile: str
+    attempts: int
+    error: JobError | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    url: str
+
+
+class FilePublic(BaseModel):
+    id: int
+    name: str
+    kind: str
+    compressed: bool
+    size: int
+    sha256: str
+    rank: int | None = Field(description="as given at upload or by a bundle's manifest")
+    rank_source: str | None
+    resolved_rank: int | None = Field(description="as the latest analysis resolved it")
+    archive: str | None
+    created_at: datetime
+
+
+class RunPublic(BaseModel):
+    id: int
+    name: str
+    profile: str
+    status: str = Field(description="created, queued, running, analysed or failed")
+    verdict: str | None = Field(description="pass, warn or fail of the latest successful analysis")
+    labels: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    url: str
+
+
+class RunDetail(RunPublic):
+    files: list[FilePublic]
+    jobs: list[JobPublic]
+
+
+class RunList(BaseModel):
+    runs: list[RunPublic]
+    next_cursor: str | None
+
+
+class Skipped(BaseModel):
+    name: str
+    reason: str
+
+
+class UploadResult(BaseModel):
+    files: list[FilePublic]
+    duplicates: list[int] = Field(description="ids of files that were already in the run (same bytes)")
+    skipped: list[Skipped]
+    job: JobPublic | None
+
+
+class PhaseRow(BaseModel):
+    phase: str
+    cpu_ns: int | None
+    gpu_ns: int | None
+    nccl_ns: int | None
+    nccl_share: float | None
+
+
+class StepRow(BaseModel):
+    rank: int
+    step_index: int
+    name: str
+    cpu_ns: int | None
+    gpu_span_ns: int | None
+    nccl_ns: int | None
+    nccl_share: float | None
+    dtod_bytes: int | None
+    dtod_copies: int | None
+    peer_bytes: int | None
+    peer_copies: int | None
+    phases: list[PhaseRow]
+
+
+class StepList(BaseModel):
+    run_id: int
+    steps: list[StepRow]
+
+
+class PhaseHit(PhaseRow):
+    run_id: int
+    run_name: str
+    labels: dict[str, str]
+    rank: int
+    step_index: int
+
+
+class PhaseList(BaseModel):
+    phases: list[PhaseHit]
+
+
+class MetricDelta(BaseModel):
+    metric: str
+    base: Any
+    head: Any
+    delta: float | None
+    relative: float | None
+
+
+class CheckChange(BaseModel):
+    id: str
+    base: str | None
+    head: str | None
+
+
+class Comparison(BaseModel):
+    base: int
+    head: int
+    profile: str
+    base_verdict: str
+    head_verdict: str
+    metrics: list[MetricDelta]
+    changed_checks: list[CheckChange]
+
+
+class ProfilePublic(BaseModel):
+    name: str
+    description: str | None
+    chain: list[str]
+    rules: dict[str, dict[str, Any]]
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("", max_length=200)
+    scopes: list[str] = Field(description="subset of read, upload, admin")
+
+
+class TokenPublic(BaseModel):
+    id: int
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="the secret; shown only in this response")

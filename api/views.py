@@ -1,0 +1,90 @@
+"""ORM rows → response models (the only place that knows both)."""
+
+from __future__ import annotations
+
+from api.schemas import FilePublic, JobError, JobPublic, PhaseRow, RunDetail, RunPublic, StepRow, TokenPublic
+from traceguard.store.tables import File, Job, Phase, Run, Step, Token
+
+
+def job_public(job: Job) -> JobPublic:
+    return JobPublic(
+        id=job.id,
+        run_id=job.run_id,
+        status=job.status,
+        profile=job.profile,
+        attempts=job.attempts,
+        error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        url=f"/v1/jobs/{job.id}",
+    )
+
+
+def file_public(f: File) -> FilePublic:
+    return FilePublic(
+        id=f.id,
+        name=f.name,
+        kind=f.kind,
+        compressed=f.compressed,
+        size=f.size,
+        sha256=f.sha256,
+        rank=f.rank,
+        rank_source=f.rank_source,
+        resolved_rank=f.resolved_rank,
+        archive=f.archive,
+        created_at=f.created_at,
+    )
+
+
+def run_public(run: Run) -> RunPublic:
+    return RunPublic(
+        id=run.id,
+        name=run.name,
+        profile=run.profile,
+        status=run.status,
+        verdict=run.verdict,
+        labels={label.key: label.value for label in run.labels},
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        url=f"/v1/runs/{run.id}",
+    )
+
+
+def run_detail(run: Run, files: list[File], jobs: list[Job]) -> RunDetail:
+    return RunDetail(
+        **run_public(run).model_dump(), files=[file_public(f) for f in files], jobs=[job_public(j) for j in jobs]
+    )
+
+
+def phase_row(p: Phase) -> PhaseRow:
+    return PhaseRow(phase=p.phase, cpu_ns=p.cpu_ns, gpu_ns=p.gpu_ns, nccl_ns=p.nccl_ns, nccl_share=p.nccl_share)
+
+
+def step_row(s: Step, phases: list[Phase]) -> StepRow:
+    return StepRow(
+        rank=s.rank,
+        step_index=s.step_index,
+        name=s.name,
+        cpu_ns=s.cpu_ns,
+        gpu_span_ns=s.gpu_span_ns,
+        nccl_ns=s.nccl_ns,
+        nccl_share=s.nccl_share,
+        dtod_bytes=s.dtod_bytes,
+        dtod_copies=s.dtod_copies,
+        peer_bytes=s.peer_bytes,
+        peer_copies=s.peer_copies,
+        phases=[phase_row(p) for p in phases],
+    )
+
+
+def token_public(t: Token) -> TokenPublic:
+    return TokenPublic(
+        id=t.id,
+        name=t.name,
+        prefix=t.prefix,
+        scopes=t.scopes.split(","),
+        created_at=t.created_at,
+        last_used_at=t.last_used_at,
+        revoked_at=t.revoked_at,
+    )

@@ -1,0 +1,120 @@
+"""HTTP client of the traceguard service, for ``traceguard upload`` (a CI profiling job's gate).
+
+Files stream from disk in chunks (never read whole); every call raises ServiceError with the
+service's own error code and message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from traceguard.errors import TraceguardError
+
+CHUNK = 1 << 20
+
+
+class ServiceError(TraceguardError):
+    """The service refused or failed a request; ``status`` is the HTTP status (0: unreachable)."""
+
+    exit_code = 2
+
+    def __init__(self, status: int, code: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.code = code
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        error = response.json()["error"]
+        raise ServiceError(
+            response.status_code, error.get("code", "error"), error.get("message", ""), error.get("hint")
+        )
+    except (ValueError, KeyError, TypeError):
+        raise ServiceError(response.status_code, "http_error", response.text[:500] or response.reason_phrase) from None
+
+
+@dataclass
+class Client:
+    server: str
+    token: str
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        self._http = httpx.Client(
+            base_url=self.server.rstrip("/"),
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=httpx.Timeout(self.timeout, connect=10.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServiceError(0, "unreachable", f"cannot reach {self.server}: {exc}") from exc
+        _raise_for(response)
+        return response
+
+    def create_run(self, *, name: str, labels: dict[str, str], profile: str) -> dict[str, Any]:
+        return self._call("POST", "/v1/runs", json={"name": name, "labels": labels, "profile": profile}).json()
+
+    def upload(
+        self,
+        run_id: int,
+        path: Path,
+        *,
+        rank: int | None = None,
+        analyze: bool = False,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Stream one file as the request body (``application/octet-stream``)."""
+
+        def body() -> Iterator[bytes]:
+            with path.open("rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    if on_bytes:
+                        on_bytes(len(chunk))
+                    yield chunk
+
+        params: dict[str, Any] = {"name": path.name, "analyze": str(analyze).lower()}
+        if rank is not None:
+            params["rank"] = rank
+        return self._call(
+            "POST",
+            f"/v1/runs/{run_id}/files",
+            params=params,
+            content=body(),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)},
+        ).json()
+
+    def analyze(self, run_id: int, profile: str | None = None) -> dict[str, Any]:
+        params = {"profile": profile} if profile else {}
+        return self._call("POST", f"/v1/runs/{run_id}/analyze", params=params).json()["job"]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}").json()
+
+    def wait(self, job_id: int, *, timeout: float, poll: float = 1.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] in ("succeeded", "failed"):
+                return job
+            if time.monotonic() > deadline:
+                raise ServiceError(0, "wait_timeout", f"job {job_id} is still {job['status']} after {timeout:.0f} s")
+            time.sleep(poll)
+
+    def report(self, run_id: int, profile: str | None = None, fmt: str = "json") -> httpx.Response:
+        params = {"format": fmt, **({"profile": profile} if profile else {})}
+        return self._call("GET", f"/v1/runs/{run_id}/report", params=params)

@@ -1,0 +1,205 @@
+"""Analysis jobs: the run's stored files → :func:`traceguard.pipeline.analyze` in a child process
+→ the report and its rows in the store.
+
+The analysis runs in a separate process (``python -m traceguard.service.child``) so that it
+never blocks the server, can be stopped at the time limit, and cannot take the server down. Its inputs are laid out as
+``jobs/<job>/<file id>/<original name>`` links to the blobs, so reports name the files as they
+were uploaded and rank inference by file name works as on the command line. Ranks given at
+upload (or by a bundle's manifest) are passed as ``FILE:RANK`` arguments would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from traceguard.errors import TraceguardError
+from traceguard.service.context import Context
+from traceguard.store import jobs, results
+from traceguard.store.db import transaction
+from traceguard.store.runs import input_key, run_files
+from traceguard.store.tables import File, Job, Run
+
+CAPTURE_KINDS = ("nsys-sqlite", "nsys-rep", "kineto")
+
+
+class AnalysisFailed(TraceguardError):
+    """The analysis ended without a report; ``code`` says why (the child's own error code,
+    ``analysis_timeout``, or ``analysis_crashed``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Spec:
+    inputs: list[tuple[str, int | None]]
+    side: dict[str, list[str]]
+    profile: str
+    cache_dir: str
+    max_rows: int
+
+
+def _layout(job_dir: Path, ctx: Context, files: list[File]) -> _Spec:
+    """Link each blob as ``<job_dir>/<file id>/<name>``; the spec of what to analyse."""
+    inputs: list[tuple[str, int | None]] = []
+    side: dict[str, list[str]] = {}
+    for f in files:
+        folder = job_dir / str(f.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        link = folder / f.name
+        if not link.exists():
+            os.symlink(ctx.blobs.path(f.sha256), link)
+        if f.kind in CAPTURE_KINDS:
+            inputs.append((str(link), f.rank))
+        else:
+            side.setdefault(f.kind, []).append(str(link))
+    return _Spec(inputs, side, "", str(ctx.cache_dir), ctx.settings.max_rows)
+
+
+def run_analysis(
+    ctx: Context,
+    files: list[File],
+    profile: str,
+    work_dir: Path,
+    *,
+    heartbeat: Callable[[], bool] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Analyse ``files`` under ``profile`` in a child process; the report document.
+
+    ``heartbeat`` is called every few seconds while it runs (False: give up, the job is no longer
+    ours); ``stop`` says the server is shutting down. Raises AnalysisFailed."""
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True)
+    spec = _layout(work_dir / "inputs", ctx, files)
+    spec.profile = profile
+    out = work_dir / "result.json"
+    spec_path = work_dir / "spec.json"
+    spec_path.write_bytes(orjson.dumps(spec.__dict__))
+    with (work_dir / "stderr.txt").open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "traceguard.service.child", str(spec_path), str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # a signal to the server's process group is not the child's
+        )
+    deadline = time.monotonic() + ctx.settings.job_timeout_s
+    beat_every = max(1.0, ctx.settings.job_lease_s / 3)
+    next_beat = time.monotonic() + beat_every
+    try:
+        while process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=min(1.0, beat_every))
+            now = time.monotonic()
+            if now > deadline:
+                raise AnalysisFailed(
+                    "analysis_timeout", f"the analysis took longer than the limit of {ctx.settings.job_timeout_s:.0f} s"
+                )
+            if stop is not None and stop():
+                raise AnalysisFailed("interrupted", "the server stopped during the analysis")
+            if heartbeat is not None and now >= next_beat:
+                next_beat = now + beat_every
+                if not heartbeat():
+                    raise AnalysisFailed("lease_lost", "the job was taken over after its lease ran out")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    if not out.is_file():
+        tail = (work_dir / "stderr.txt").read_text(errors="replace")[-500:].strip()
+        raise AnalysisFailed(
+            "analysis_crashed",
+            f"the analysis process ended (exit code {process.returncode}) without a result"
+            + (f": {tail}" if tail else ""),
+        )
+    payload = orjson.loads(out.read_bytes())
+    if "error" in payload:
+        error = payload["error"]
+        message = error.get("message", "")
+        if error.get("hint"):
+            message += f" ({error['hint']})"
+        raise AnalysisFailed(error.get("code", "analysis_error"), message)
+    return payload["report"]
+
+
+def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] | None = None) -> str:
+    """Run one claimed job to its end and record the outcome; returns the job's final status.
+
+    On failure the error is stored on the job, and the run's earlier results stay as they were."""
+    with ctx.factory() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return "missing"
+        files = run_files(session, job.run_id)
+        profile, run_id, attempt = job.profile, job.run_id, job.attempts
+    # One folder per attempt: an analysis orphaned by a killed server cannot write into the next.
+    work_dir = ctx.jobs_dir / f"{job_id}-{attempt}-{os.getpid()}"
+
+    def heartbeat() -> bool:
+        with ctx.factory() as session:
+            return jobs.renew(session, job_id, worker, ctx.settings.job_lease_s)
+
+    try:
+        if not files:
+            raise AnalysisFailed("no_files", "the run has no files to analyse")
+        doc = run_analysis(ctx, files, profile, work_dir, heartbeat=heartbeat, stop=stop)
+    except AnalysisFailed as exc:
+        if exc.code in ("interrupted", "lease_lost"):
+            with ctx.factory() as session:  # leave it for the next worker
+                job = session.get(Job, job_id)
+                if job is not None and job.status == "running" and job.worker == worker:
+                    job.status, job.worker, job.lease_expires_at = "queued", None, None
+                    session.commit()
+            return "queued"
+        with transaction(ctx.factory) as session:
+            job = session.get(Job, job_id)
+            if job is not None:
+                jobs.fail(session, job, code=exc.code, message=exc.message)
+        return "failed"
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    with transaction(ctx.factory) as session:
+        job = session.get(Job, job_id)
+        run = session.get(Run, run_id)
+        if job is None or run is None:
+            return "missing"
+        files = run_files(session, run_id)
+        results.save_report(session, run_id=run_id, job_id=job_id, input_key=job.input_key, doc=doc)
+        if job.profile == run.profile and job.input_key == input_key(files):
+            results.save_results(session, run, job, doc, files)
+        jobs.finish(session, job, verdict=doc["verdict"])
+    return "succeeded"
+
+
+def report_for(ctx: Context, run: Run, profile: str) -> dict[str, Any]:
+    """The run's report under ``profile``: stored, or computed now (in a child process) and kept."""
+    with ctx.factory() as session:
+        files = run_files(session, run.id)
+        key = input_key(files)
+        stored = results.get_report(session, run.id, profile, key)
+        if stored is not None:
+            return stored.document
+    if not files:
+        raise AnalysisFailed("no_files", "the run has no files to analyse")
+    work_dir = ctx.jobs_dir / f"report-{run.id}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        doc = run_analysis(ctx, files, profile, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    with transaction(ctx.factory) as session:
+        results.save_report(session, run_id=run.id, job_id=None, input_key=key, doc=doc)
+    return doc

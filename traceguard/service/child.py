@@ -1,0 +1,48 @@
+"""``python -m traceguard.service.child SPEC OUT``: one analysis, in its own process.
+
+SPEC (JSON): inputs [[path, rank|null]], side {kind: [paths]}, profile, cache_dir, max_rows.
+OUT receives ``{"report": ...}`` or ``{"error": {"code", "message"[, "hint"]}}``; the parent
+(:mod:`traceguard.service.analysis`) enforces the time limit and stores the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    os.environ["TRACEGUARD_CACHE_DIR"] = spec["cache_dir"]
+    os.environ["TRACEGUARD_MAX_ROWS"] = str(spec["max_rows"])
+    from traceguard.errors import TraceguardError
+    from traceguard.ingest import InputSpec
+    from traceguard.ingest.sides import SideFiles
+    from traceguard.pipeline import analyze
+
+    try:
+        side = SideFiles(**{kind: [Path(p) for p in paths] for kind, paths in spec["side"].items()})
+        inputs = [
+            InputSpec(Path(path), rank, "argument" if rank is not None else None) for path, rank in spec["inputs"]
+        ]
+        return {"report": analyze(inputs, profile=spec["profile"], side_files=side).report}
+    except TraceguardError as exc:
+        return exc.to_dict()
+    except MemoryError:
+        return {"error": {"code": "out_of_memory", "message": "the analysis ran out of memory"}}
+    except Exception as exc:  # recorded on the job, never lost
+        return {"error": {"code": "analysis_error", "message": f"{type(exc).__name__}: {exc}"}}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out = argv
+    payload = run(orjson.loads(Path(spec_path).read_bytes()))
+    Path(out).write_bytes(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

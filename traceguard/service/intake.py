@@ -1,0 +1,161 @@
+"""Files into a run: classify and validate what arrived, keep its bytes once, and record it.
+
+An archive (a run bundle as .tar, .tar.gz or .zip) is unpacked member by member; its
+``manifest.json`` gives the ranks of its captures; members that are not files traceguard reads
+(the job's stdout, per-rank records) are listed as skipped. One damaged or unsafe member refuses
+the whole archive, so a bundle is stored completely or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from sqlalchemy.orm import Session
+
+from traceguard.errors import InputError, UnsupportedFormatError
+from traceguard.ingest import MANIFEST
+from traceguard.ingest.uploads import Classified, classify, unpack, validate
+from traceguard.service.context import Context
+from traceguard.store.blobs import BlobWriter
+from traceguard.store.runs import add_file
+from traceguard.store.tables import File, Run
+
+
+@dataclass
+class Intake:
+    files: list[tuple[File, bool]] = field(default_factory=list)  # (row, newly added)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+def _named(exc: InputError, name: str) -> InputError:
+    """The same error, its message prefixed with the file it is about."""
+    exc.message = f"{name}: {exc.message}"
+    return exc
+
+
+def _manifest_ranks(members: dict[str, Path]) -> dict[str, int]:
+    ranks: dict[str, int] = {}
+    for name, path in members.items():
+        if PurePosixPath(name).name != MANIFEST or path.stat().st_size > 1 << 20:
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        base = PurePosixPath(name).parent
+        for entry in doc.get("captures", []) if isinstance(doc, dict) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("rank"), int):
+                ranks[str(base / entry["path"]) if str(base) != "." else entry["path"]] = entry["rank"]
+    return ranks
+
+
+def receive(
+    ctx: Context, session: Session, run: Run, upload: BlobWriter, *, name: str, rank: int | None = None
+) -> Intake:
+    """Keep one received upload (already streamed to ``upload``'s temporary file) in ``run``.
+
+    Raises UnsupportedFormatError (not a kind traceguard reads) or InputError (damaged, unsafe,
+    over a limit), naming the file; nothing is recorded then.
+    """
+    limits = ctx.settings
+    upload.finish()
+    try:
+        found = classify(upload.temp_path)
+    except InputError as exc:
+        raise _named(exc, name) from exc
+    intake = Intake()
+    if found.is_archive:
+        with tempfile.TemporaryDirectory(dir=ctx.blobs.scratch) as tmp:
+            try:
+                members = unpack(
+                    upload.temp_path,
+                    found,
+                    Path(tmp) / "members",
+                    max_members=limits.max_archive_members,
+                    max_bytes=limits.max_archive_bytes,
+                )
+            except InputError as exc:
+                raise _named(exc, name) from exc
+            ranks = _manifest_ranks({m.name: m.path for m in members})
+            accepted: list[tuple[str, Path, Classified]] = []
+            for member in members:
+                try:
+                    kind = classify(member.path)
+                except UnsupportedFormatError:
+                    intake.skipped.append({"name": member.name, "reason": "not a file traceguard reads"})
+                    continue
+                except InputError as exc:
+                    raise _named(exc, f"{name}/{member.name}") from exc
+                if kind.is_archive:
+                    intake.skipped.append({"name": member.name, "reason": "archives inside archives are not opened"})
+                    continue
+                try:
+                    validate(
+                        member.path,
+                        kind,
+                        scratch=ctx.blobs.scratch,
+                        max_expanded_bytes=limits.max_archive_bytes,
+                        max_side_bytes=limits.max_side_file_bytes,
+                    )
+                except InputError as exc:
+                    raise _named(exc, f"{name}/{member.name}") from exc
+                accepted.append((member.name, member.path, kind))
+            if not accepted:
+                raise InputError(f"{name}: the archive holds no capture, NCCL log or nvidia-smi/nccl-tests output")
+            for member_name, path, kind in accepted:
+                sha, size = ctx.blobs.put_file(path, limit=limits.max_file_bytes)
+                member_rank = ranks.get(member_name)
+                intake.files.append(
+                    add_file(
+                        session,
+                        run,
+                        sha256=sha,
+                        size=size,
+                        name=PurePosixPath(member_name).name,
+                        kind=kind.kind,
+                        compressed=kind.compressed,
+                        rank=member_rank,
+                        rank_source="manifest" if member_rank is not None else None,
+                        archive=name,
+                    )
+                )
+        upload.discard()
+        return intake
+    try:
+        validate(
+            upload.temp_path,
+            found,
+            scratch=ctx.blobs.scratch,
+            max_expanded_bytes=limits.max_archive_bytes,
+            max_side_bytes=limits.max_side_file_bytes,
+        )
+    except InputError as exc:
+        raise _named(exc, name) from exc
+    upload.commit()
+    assert upload.sha256 is not None
+    intake.files.append(
+        add_file(
+            session,
+            run,
+            sha256=upload.sha256,
+            size=upload.size,
+            name=name,
+            kind=found.kind,
+            compressed=found.compressed,
+            rank=rank if found.is_capture else None,
+            rank_source="argument" if rank is not None and found.is_capture else None,
+        )
+    )
+    return intake
+
+
+def receive_path(ctx: Context, session: Session, run: Run, path: Path, *, rank: int | None = None) -> Intake:
+    """:func:`receive` for a file already on disk (the CLI's local store)."""
+    writer = ctx.blobs.writer(limit=ctx.settings.max_file_bytes, what=path.name)
+    with writer, path.open("rb") as fh:
+        while chunk := fh.read(ctx.settings.upload_chunk_bytes):
+            writer.write(chunk)
+        return receive(ctx, session, run, writer, name=path.name, rank=rank)

@@ -1,0 +1,270 @@
+"""Analysis results as rows, written from the JSON report (the stage before the store), and the
+queries the API serves from them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import PurePath
+from typing import Any
+
+from sqlalchemy import Select, and_, delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from traceguard.errors import InputError
+from traceguard.store.tables import (
+    CheckResult,
+    Collective,
+    Connection,
+    File,
+    Job,
+    Phase,
+    RankResult,
+    Report,
+    Run,
+    RunLabel,
+    Step,
+)
+
+RESULT_TABLES = (RankResult, Step, Phase, Collective, Connection, CheckResult)
+MAX_ROWS = 10_000
+
+
+def _share(part: Any, whole: Any) -> float | None:
+    if isinstance(part, int | float) and isinstance(whole, int | float) and whole > 0:
+        return part / whole
+    return None
+
+
+def save_report(session: Session, *, run_id: int, job_id: int | None, input_key: str, doc: dict[str, Any]) -> Report:
+    profile = doc["profile"]["name"]
+    row = session.scalar(
+        select(Report).where(Report.run_id == run_id, Report.profile == profile, Report.input_key == input_key)
+    )
+    if row is None:
+        row = Report(run_id=run_id, profile=profile, input_key=input_key)
+        try:
+            with session.begin_nested():
+                session.add(row)
+                row.job_id, row.verdict, row.document = job_id, doc["verdict"], doc
+                session.flush()
+            return row
+        except IntegrityError:  # the same report made concurrently (another request)
+            row = session.scalar(
+                select(Report).where(Report.run_id == run_id, Report.profile == profile, Report.input_key == input_key)
+            )
+            assert row is not None
+    row.job_id, row.verdict, row.document = job_id, doc["verdict"], doc
+    return row
+
+
+def get_report(session: Session, run_id: int, profile: str, input_key: str) -> Report | None:
+    return session.scalar(
+        select(Report).where(Report.run_id == run_id, Report.profile == profile, Report.input_key == input_key)
+    )
+
+
+def latest_report(session: Session, run: Run) -> Report | None:
+    """The report of the run's newest successful job (its own profile)."""
+    job = session.scalar(
+        select(Job).where(Job.run_id == run.id, Job.status == "succeeded").order_by(Job.id.desc()).limit(1)
+    )
+    if job is None:
+        return None
+    return get_report(session, run.id, job.profile, job.input_key)
+
+
+def save_results(session: Session, run: Run, job: Job, doc: dict[str, Any], files: list[File]) -> None:
+    """Replace the run's result rows by those of ``doc`` (one transaction with the caller's)."""
+    for table in RESULT_TABLES:
+        session.execute(delete(table).where(table.run_id == run.id))
+    # Which file became which rank: the job lays each file out as ``<file id>/<name>``.
+    by_id = {str(f.id): f for f in files}
+    for record in doc.get("inputs", []):
+        file = by_id.get(PurePath(record["path"]).parent.name)
+        if file is not None and record.get("ranks"):
+            file.resolved_rank = record["ranks"][0] if len(record["ranks"]) == 1 else None
+    rows: list[Any] = []
+    for rank in doc.get("ranks", []):
+        metrics = rank["metrics"]
+        rows.append(
+            RankResult(
+                run_id=run.id,
+                job_id=job.id,
+                rank=rank["rank"],
+                input=PurePath(rank["input"]).name if rank.get("input") else None,
+                gpu_models=", ".join(rank.get("gpu_models") or []) or None,
+                step_count=metrics.get("step_count"),
+                gpu_ops=metrics.get("gpu_ops"),
+                nccl_time_ns=metrics.get("nccl_time_ns"),
+                nccl_share_of_step=metrics.get("nccl_share_of_step"),
+                gpu_to_cpu_copy_rate=metrics.get("gpu_to_cpu_copy_rate"),
+                dtod_bytes_per_step=metrics.get("dtod_bytes_per_step"),
+                metrics=metrics,
+            )
+        )
+        for index, step in enumerate(rank.get("steps", [])):
+            rows.append(
+                Step(
+                    run_id=run.id,
+                    rank=rank["rank"],
+                    step_index=index,
+                    name=step["name"],
+                    cpu_ns=step.get("cpu_ns"),
+                    gpu_span_ns=step.get("gpu_span_ns"),
+                    nccl_ns=step.get("nccl_ns"),
+                    nccl_share=step.get("nccl_share"),
+                    dtod_bytes=step.get("dtod_bytes"),
+                    dtod_copies=step.get("dtod_copies"),
+                    peer_bytes=step.get("peer_bytes"),
+                    peer_copies=step.get("peer_copies"),
+                )
+            )
+            for name, phase in (step.get("phases") or {}).items():
+                rows.append(
+                    Phase(
+                        run_id=run.id,
+                        rank=rank["rank"],
+                        step_index=index,
+                        phase=name,
+                        cpu_ns=phase.get("cpu_ns"),
+                        gpu_ns=phase.get("gpu_ns"),
+                        nccl_ns=phase.get("nccl_ns"),
+                        nccl_share=_share(phase.get("nccl_ns"), phase.get("gpu_ns")),
+                    )
+                )
+        for c in rank.get("collectives", []):
+            rows.append(
+                Collective(
+                    run_id=run.id,
+                    rank=rank["rank"],
+                    collective=c["collective"],
+                    msg_bytes=c.get("msg_bytes"),
+                    group_size=c.get("group_size"),
+                    count=c["count"],
+                    total_ns=c.get("total_ns"),
+                    median_ns=c.get("median_ns"),
+                    p95_ns=c.get("p95_ns"),
+                    min_ns=c.get("min_ns"),
+                    algbw_gbps=c.get("algbw_gbps"),
+                    busbw_gbps=c.get("busbw_gbps"),
+                )
+            )
+    for conn in (doc.get("nccl") or {}).get("connections", []):
+        rows.append(
+            Connection(
+                run_id=run.id,
+                comm=conn.get("comm"),
+                rank=conn["rank"],
+                peer=conn["peer"],
+                channel=conn.get("channel"),
+                direction=conn.get("direction"),
+                transport=conn["transport"],
+                detail=conn.get("detail"),
+            )
+        )
+    for check in doc.get("checks", []):
+        rows.append(
+            CheckResult(
+                run_id=run.id,
+                profile=doc["profile"]["name"],
+                rule_id=check["id"],
+                status=check["status"],
+                value=check.get("value") if isinstance(check.get("value"), int | float) else None,
+                unit=check.get("unit"),
+                warn=check.get("warn") if isinstance(check.get("warn"), int | float) else None,
+                fail=check.get("fail") if isinstance(check.get("fail"), int | float) else None,
+                message=check.get("message"),
+                reason=check.get("reason"),
+                remedy=check.get("remedy"),
+                evidence=check.get("evidence") or [],
+            )
+        )
+    session.add_all(rows)
+
+
+def _page(query: Select[Any], limit: int, offset: int) -> Select[Any]:
+    if not 1 <= limit <= MAX_ROWS:
+        raise InputError(f"limit must be between 1 and {MAX_ROWS}")
+    if offset < 0:
+        raise InputError("offset must not be negative")
+    return query.limit(limit).offset(offset)
+
+
+def query_steps(
+    session: Session,
+    run_id: int,
+    *,
+    rank: int | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[Step]:
+    """Steps of the run in (rank, step index) order; ``from_step``/``to_step`` are inclusive step
+    indexes (time order within each rank, from 0)."""
+    query = select(Step).where(Step.run_id == run_id)
+    if rank is not None:
+        query = query.where(Step.rank == rank)
+    if from_step is not None:
+        query = query.where(Step.step_index >= from_step)
+    if to_step is not None:
+        query = query.where(Step.step_index <= to_step)
+    return list(session.scalars(_page(query.order_by(Step.rank, Step.step_index), limit, offset)))
+
+
+def phases_of_steps(session: Session, run_id: int, steps: list[Step], phase: str | None = None) -> list[Phase]:
+    if not steps:
+        return []
+    ranks = sorted({s.rank for s in steps})
+    lo, hi = min(s.step_index for s in steps), max(s.step_index for s in steps)
+    query = select(Phase).where(
+        Phase.run_id == run_id, Phase.rank.in_(ranks), Phase.step_index >= lo, Phase.step_index <= hi
+    )
+    if phase is not None:
+        query = query.where(Phase.phase == phase)
+    return list(session.scalars(query.order_by(Phase.rank, Phase.step_index, Phase.id)))
+
+
+def query_phases(
+    session: Session,
+    project_id: int,
+    *,
+    phase: str | None = None,
+    min_nccl_share: float | None = None,
+    labels: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    run_id: int | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[tuple[Phase, Run]]:
+    """Phase rows across the project's runs ("which runs on cluster B had NCCL above 40 % of the
+    backward phase last week?")."""
+    query = select(Phase, Run).join(Run, Run.id == Phase.run_id).where(Run.project_id == project_id)
+    if run_id is not None:
+        query = query.where(Run.id == run_id)
+    if phase is not None:
+        query = query.where(Phase.phase == phase)
+    if min_nccl_share is not None:
+        query = query.where(Phase.nccl_share >= min_nccl_share)
+    for key, value in labels:
+        query = query.where(
+            select(RunLabel.run_id)
+            .where(and_(RunLabel.run_id == Run.id, RunLabel.key == key, RunLabel.value == value))
+            .exists()
+        )
+    if created_after:
+        query = query.where(Run.created_at >= created_after)
+    if created_before:
+        query = query.where(Run.created_at < created_before)
+    query = query.order_by(Run.id.desc(), Phase.rank, Phase.step_index, Phase.id)
+    return [(p, r) for p, r in session.execute(_page(query, limit, offset)).all()]
+
+
+def connections(session: Session, run_id: int) -> list[Connection]:
+    return list(session.scalars(select(Connection).where(Connection.run_id == run_id).order_by(Connection.id)))
+
+
+def check_results(session: Session, run_id: int) -> list[CheckResult]:
+    return list(session.scalars(select(CheckResult).where(CheckResult.run_id == run_id).order_by(CheckResult.id)))
