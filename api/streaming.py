@@ -8,11 +8,13 @@ thread per chunk, so the event loop only moves bytes.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
 from traceguard.errors import InputError
@@ -116,12 +118,29 @@ class _MultipartSink:
             self.received.fields[self._field_name] = self._field_value.decode("utf-8", errors="replace")
 
 
-async def _drain(request: Request, already: int) -> None:
-    drained = 0
-    async for chunk in request.stream():
-        drained += len(chunk)
-        if drained > DRAIN_BYTES:
-            break
+class _Body:
+    """The request body as chunks, remembering whether its end was seen (so a refusal can drain
+    the rest without waiting for bytes that will never come)."""
+
+    def __init__(self, request: Request) -> None:
+        self._receive = request.receive
+        self.ended = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while not self.ended:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            self.ended = not message.get("more_body", False)
+            if body := message.get("body", b""):
+                yield body
+
+    async def drain(self) -> None:
+        drained = 0
+        async for chunk in self.chunks():
+            drained += len(chunk)
+            if drained > DRAIN_BYTES:
+                break
 
 
 async def receive_upload(
@@ -142,8 +161,9 @@ async def receive_upload(
         if not boundary:
             raise ApiError(400, "invalid_request", "multipart/form-data without a boundary")
         sink = _MultipartSink(blobs, boundary, file_limit, rank)
+        body = _Body(request)
         try:
-            async for chunk in request.stream():
+            async for chunk in body.chunks():
                 total += len(chunk)
                 if total > request_limit:
                     raise TooLarge(f"the request is larger than the limit of {request_limit} bytes", request_limit)
@@ -151,7 +171,10 @@ async def receive_upload(
             await run_in_threadpool(sink.parser.finalize)
         except (TooLarge, InputError):
             sink.received.discard()
-            await _drain(request, total)
+            await body.drain()
+            raise
+        except ClientDisconnect:
+            sink.received.discard()
             raise
         except ValueError as exc:  # the multipart parser's own complaints
             sink.received.discard()
@@ -166,8 +189,9 @@ async def receive_upload(
             "upload files as multipart/form-data, or as application/octet-stream with ?name=FILE",
         )
     writer = blobs.writer(limit=file_limit, what=f"file {name or 'upload'!r}")
+    body = _Body(request)
     try:
-        async for chunk in request.stream():
+        async for chunk in body.chunks():
             total += len(chunk)
             if total > request_limit:
                 raise TooLarge(f"the request is larger than the limit of {request_limit} bytes", request_limit)
@@ -177,6 +201,9 @@ async def receive_upload(
         writer.finish()
     except (TooLarge, InputError):
         writer.discard()
-        await _drain(request, total)
+        await body.drain()
+        raise
+    except ClientDisconnect:
+        writer.discard()
         raise
     return Received(files=[ReceivedFile(name or "upload", rank, writer)])
