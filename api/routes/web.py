@@ -51,6 +51,11 @@ def home() -> RedirectResponse:
     return RedirectResponse("/runs", status_code=303)
 
 
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    return Response(status_code=204, headers={"Cache-Control": "public, max-age=86400"})
+
+
 @router.get("/static/plotly.min.js")
 def plotly_js() -> FileResponse:
     return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})

@@ -45,7 +45,9 @@ def test_upload_analyse_and_query(api: Api, cli_reports: dict[str, dict]) -> Non
     }
     report = api.get(f"/v1/runs/{run_id}/report").json()
     expected = cli_reports["shm"]
-    assert report["run"]["metrics"]["nccl_share_of_step"] == pytest.approx(expected["run"]["metrics"]["nccl_share_of_step"])
+    assert report["run"]["metrics"]["nccl_share_of_step"] == pytest.approx(
+        expected["run"]["metrics"]["nccl_share_of_step"]
+    )
     assert {c["id"]: c["status"] for c in report["checks"]}["transport_p2p"] == "fail"  # from the uploaded NCCL logs
     assert report["nccl"]["transports"] == ["SHM"]
 
@@ -65,7 +67,7 @@ def test_upload_analyse_and_query(api: Api, cli_reports: dict[str, dict]) -> Non
 
 
 def test_phase_query_across_runs(api: Api) -> None:
-    """"Which runs on cluster B had NCCL above x % of the backward phase?" — SHM does, P2P doesn't."""
+    """ "Which runs on cluster B had NCCL above x % of the backward phase?" — SHM does, P2P doesn't."""
     shm = api.analysed(SHM, SHM_FILES, labels={"cluster": "B"})
     p2p = api.analysed(P2P, P2P_FILES, labels={"cluster": "B"})
     elsewhere = api.analysed(SHM, SHM_FILES, labels={"cluster": "A"})
@@ -81,7 +83,9 @@ def test_phase_query_across_runs(api: Api) -> None:
 def test_list_filter_and_paginate(api: Api) -> None:
     ids = [api.new_run({"branch": "main" if i % 2 else "dev", "cluster": "B"}) for i in range(5)]
     first = api.get("/v1/runs", params={"label": ["cluster:B", "branch:main"], "limit": 1}).json()
-    second = api.get("/v1/runs", params={"label": ["cluster:B", "branch:main"], "limit": 1, "cursor": first["next_cursor"]})
+    second = api.get(
+        "/v1/runs", params={"label": ["cluster:B", "branch:main"], "limit": 1, "cursor": first["next_cursor"]}
+    )
     assert [r["id"] for r in first["runs"]] == [ids[3]]
     assert [r["id"] for r in second.json()["runs"]] == [ids[1]] and second.json()["next_cursor"] is None
     assert [r["id"] for r in api.get("/v1/runs", params={"status": "created"}).json()["runs"]] == ids[::-1]

@@ -82,9 +82,7 @@ def test_request_limit_answers_before_reading(tmp_path: Path, database_url: str 
         tokens = make_tokens(client.app.state.ctx)  # type: ignore[attr-defined]
         headers = {"Authorization": f"Bearer {tokens['uploader']}"}
         run_id = client.post("/v1/runs", headers=headers, json={}).json()["id"]
-        response = client.post(
-            f"/v1/runs/{run_id}/files", headers=headers, files=[("file", ("a.log", b"x" * 5000))]
-        )
+        response = client.post(f"/v1/runs/{run_id}/files", headers=headers, files=[("file", ("a.log", b"x" * 5000))])
         assert "limit of 1000 bytes" in _error(response, 413)["message"]
 
 
@@ -166,7 +164,12 @@ def test_bad_parameters_are_422_with_a_message(api: Api) -> None:
     run_id = api.new_run()
     assert "label" in _error(api.post("/v1/runs", json={"labels": {"bad key!": "x"}}), 422)["message"]
     assert _error(api.post("/v1/runs", json={"surprise": 1}), 422)["code"] == "invalid_request"
-    assert "rank" in _error(api.post(f"/v1/runs/{run_id}/files", params={"rank": "x"}, files=[("file", ("a", b"a"))]), 422)["message"]
+    assert (
+        "rank"
+        in _error(api.post(f"/v1/runs/{run_id}/files", params={"rank": "x"}, files=[("file", ("a", b"a"))]), 422)[
+            "message"
+        ]
+    )
     assert _error(api.get("/v1/runs", params={"limit": 0}), 422)
     assert _error(api.get(f"/v1/runs/{run_id}/report"), 409)["code"] == "not_ready"
     assert _error(api.post(f"/v1/runs/{run_id}/analyze"), 422)["message"].startswith(f"run {run_id} has no files")

@@ -1,0 +1,128 @@
+"""Through real processes: ``traceguard serve`` (uvicorn on loopback), ``traceguard token create``,
+``traceguard upload`` as a CI gate, and a SIGKILL in the middle of analyses."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.service.conftest import P2P, P2P_FILES, SHM, SHM_FILES
+from tests.service.live import REPO, LiveServer
+from traceguard.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "traceguard.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path, database_url: str | None) -> Iterator[LiveServer]:
+    live = LiveServer(tmp_path / "data", database_url).start()
+    yield live
+    live.stop()
+
+
+def test_serve_bootstraps_once_and_upload_gates(server: LiveServer, tmp_path: Path) -> None:
+    assert server.admin_token, server.output()
+    assert "shown only now" in server.output()
+    env = {"TRACEGUARD_DATA_DIR": str(server.data_dir)}
+    if server.database_url:
+        env["TRACEGUARD_DATABASE_URL"] = server.database_url
+    made = _cli("token", "create", "--project", "default", "--scope", "read,upload", "--name", "ci", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("tg_") and token != server.admin_token
+
+    common = ["--server", server.url, "--token", token, "--profile", "h200-nvlink"]
+    junit = tmp_path / "junit.xml"
+    shm = _cli("upload", *[str(SHM / f) for f in SHM_FILES], *common, "--label", "cluster=B", "--junit", str(junit))
+    assert shm.returncode == 1, shm.stdout + shm.stderr  # a check fails: the gate closes
+    assert "verdict FAIL" in shm.stdout and "transport_p2p" in shm.stdout
+    assert "<testsuite" in junit.read_text()
+    p2p = _cli("upload", str(P2P), *common, "--label", "cluster=B")  # a bundle directory
+    assert p2p.returncode == 0, p2p.stdout + p2p.stderr
+    assert "verdict PASS" in p2p.stdout and "skipped" in p2p.stderr  # stdout.txt, rank*.json
+    listed = httpx.get(
+        f"{server.url}/v1/runs", params={"label": "cluster:B"}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert [r["verdict"] for r in listed["runs"]] == ["pass", "fail"]
+    bad = _cli("upload", str(P2P / "cap_0.sqlite.gz"), "--server", server.url, "--token", "tg_nope")
+    assert bad.returncode == 2 and "valid API token" in bad.stderr
+
+    server.stop()
+    again = LiveServer(server.data_dir, server.database_url).start()
+    try:
+        assert again.admin_token is None and "shown only now" not in again.output()
+    finally:
+        again.stop()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_sigkill_during_analysis_loses_no_job_or_file(tmp_path: Path, database_url: str | None) -> None:
+    env = {"TRACEGUARD_JOB_LEASE_S": "3", "TRACEGUARD_WORKERS": "1"}
+    first = LiveServer(tmp_path / "data", database_url, env=env).start()
+    headers = {"Authorization": f"Bearer {first.admin_token}"}
+    client = httpx.Client(base_url=first.url, headers=headers, timeout=60)
+    uploaded: dict[int, list[str]] = {}
+    for i in range(4):
+        folder, names = (SHM, SHM_FILES) if i % 2 else (P2P, P2P_FILES)
+        run_id = client.post("/v1/runs", json={"name": f"run{i}"}).json()["id"]
+        files = [("file", (n, (folder / n).read_bytes())) for n in names]
+        assert client.post(f"/v1/runs/{run_id}/files", files=files).status_code == 202
+        uploaded[run_id] = sorted(_sha256(folder / n) for n in names)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # kill while an analysis is under way
+        statuses = [client.get(f"/v1/runs/{r}").json()["status"] for r in uploaded]
+        if "running" in statuses:
+            break
+        time.sleep(0.05)
+    first.kill()
+    client.close()
+
+    second = LiveServer(first.data_dir, database_url, env=env).start()
+    try:
+        client = httpx.Client(base_url=second.url, headers=headers, timeout=60)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            runs = [client.get(f"/v1/runs/{r}").json() for r in uploaded]
+            if all(r["status"] in ("analysed", "failed") for r in runs):
+                break
+            time.sleep(0.5)
+        for run in runs:
+            assert run["status"] == "analysed", run
+            assert sorted(f["sha256"] for f in run["files"]) == uploaded[run["id"]]
+            for f in run["files"]:
+                blob = second.data_dir / "blobs" / f["sha256"][:2] / f["sha256"]
+                assert _sha256(blob) == f["sha256"]
+        attempts = [j["attempts"] for r in runs for j in r["jobs"]]
+        assert max(attempts) >= 2, attempts  # the interrupted one ran again
+        assert [r["verdict"] for r in runs] == ["pass", "fail", "pass", "fail"]
+    finally:
+        second.stop()
+    url = Settings(data_dir=first.data_dir, database_url=database_url).url
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        counts = dict(connection.execute(text("SELECT status, count(*) FROM jobs GROUP BY status")).all())
+    engine.dispose()
+    assert counts == {"succeeded": 4}

@@ -1,0 +1,140 @@
+"""The service's web pages in real headless Chromium, against a real ``traceguard serve``.
+
+A reader logs in with a token (the page answers with an HttpOnly session cookie), sees the runs
+list, opens a run: the report loads without console errors, and Plotly draws the per-rank step
+breakdown, the NCCL share and the transport matrix. Expected values come from the API's own JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.report.test_html_chromium import browser  # noqa: F401 - the shared Chromium fixture
+from tests.service.conftest import P2P, P2P_FILES, SHM, SHM_FILES
+from tests.service.live import LiveServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, str, dict[int, dict]]]:
+    server = LiveServer(tmp_path_factory.mktemp("web") / "data").start()
+    admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"}, timeout=60)
+    reports = {}
+    for folder, names, labels in ((P2P, P2P_FILES, {"transport": "p2p"}), (SHM, SHM_FILES, {"transport": "shm"})):
+        run_id = admin.post("/v1/runs", json={"labels": labels, "profile": "h200-nvlink"}).json()["id"]
+        job = admin.post(
+            f"/v1/runs/{run_id}/files", files=[("file", (n, (folder / n).read_bytes())) for n in names]
+        ).json()["job"]
+        for _ in range(600):
+            if admin.get(job["url"]).json()["status"] in ("succeeded", "failed"):
+                break
+            import time
+
+            time.sleep(0.2)
+        reports[run_id] = admin.get(f"/v1/runs/{run_id}/report").json()
+    reader = admin.post("/v1/tokens", json={"scopes": ["read"], "name": "browser"}).json()["token"]
+    admin.close()
+    yield server, reader, reports
+    server.stop()
+
+
+def _watch(page) -> list[str]:
+    problems: list[str] = []
+    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    return problems
+
+
+def test_login_runs_list_and_run_report(browser, site) -> None:  # noqa: F811
+    server, reader, reports = site
+    context = browser.new_context()
+    page = context.new_page()
+    problems = _watch(page)
+
+    page.goto(f"{server.url}/runs")
+    assert page.url.startswith(f"{server.url}/login")  # not logged in: to the form
+    page.fill("#token", "tg_not_a_token")
+    page.click("#login button[type=submit]")
+    assert "not valid" in page.inner_text("#login-error")
+    problems.clear()  # the refused login answered 401, as it should; from here on, a clean console
+    page.fill("#token", reader)
+    page.click("#login button[type=submit]")
+    page.wait_for_url(f"{server.url}/runs")
+
+    cookie = next(c for c in context.cookies() if c["name"] == "tg_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert "tg_session" not in page.evaluate("document.cookie")  # scripts cannot read it
+
+    rows = page.locator("#runs tr[data-run]")
+    assert rows.count() == len(reports)
+    verdicts = {
+        int(rows.nth(i).get_attribute("data-run")): rows.nth(i).locator(".status").inner_text()
+        for i in range(rows.count())
+    }
+    assert verdicts == {run_id: doc["verdict"] for run_id, doc in reports.items()}
+
+    shm_run = next(r for r, doc in reports.items() if doc["nccl"]["transports"] == ["SHM"])
+    page.click(f"#runs tr[data-run='{shm_run}'] a")
+    page.wait_for_selector("#transport-matrix .main-svg")
+    doc = reports[shm_run]
+    assert page.locator("#checks tr[data-check]").count() == len(doc["checks"])
+    assert page.locator("#checks tr[data-check='transport_p2p'] .status").inner_text() == "fail"
+    for chart in ("step-breakdown", "nccl-share", "transport-matrix"):
+        assert page.locator(f"#{chart} .main-svg").count() >= 1, chart
+    steps = sum(len(r["steps"]) for r in doc["ranks"])
+    ticks = page.locator("#step-breakdown .xtick").count()
+    assert ticks == steps
+    matrix = page.locator("#transport-matrix").inner_text()
+    assert "SHM" in matrix and "P2P" not in matrix
+    assert page.locator("#run-header").inner_text().count("nsys-sqlite") == 2
+
+    page.click("#nav button[type=submit]")  # log out
+    page.wait_for_url(f"{server.url}/login")
+    page.goto(f"{server.url}/runs/{shm_run}")
+    assert page.url.startswith(f"{server.url}/login")
+    assert problems == []
+    context.close()
+
+
+def test_other_project_sees_no_runs(browser, site, tmp_path: Path) -> None:  # noqa: F811
+    server, _, reports = site
+    admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"})
+    # A token of another project, made the way an operator would: the CLI on the same store.
+    import subprocess
+    import sys
+
+    from tests.service.live import REPO
+
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traceguard.cli",
+            "token",
+            "create",
+            "--project",
+            "elsewhere",
+            "--data-dir",
+            str(server.data_dir),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    admin.close()
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{server.url}/login")
+    page.fill("#token", made.stdout.strip())
+    page.click("#login button[type=submit]")
+    page.wait_for_url(f"{server.url}/runs")
+    assert page.locator("#runs tr[data-run]").count() == 0
+    response = page.goto(f"{server.url}/runs/{next(iter(reports))}")
+    assert response is not None and response.status == 404
+    context.close()
