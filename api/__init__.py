@@ -1,1 +1,2 @@
-"""The FastAPI service (see issue: service). It only adapts HTTP to traceguard functions."""
+"""The FastAPI service: a thin HTTP adapter over :mod:`traceguard.service` and
+:mod:`traceguard.store` (``create_app`` in :mod:`api.app`). No analysis code lives here."""

@@ -493,7 +493,7 @@ def record_command(
                 try:
                     intake = receive_path(ctx, session, run, path)
                 except InputError as exc:
-                    err.print(f"[yellow]skipped[/] {exc}")
+                    err.print(f"[yellow]skipped[/] {exc.message}")
                     continue
                 for row, _ in intake.files:
                     err.print(f"stored {row.name} ({row.kind})")
