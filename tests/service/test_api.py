@@ -211,3 +211,18 @@ def test_tokens_admin_only_and_revocation(api: Api) -> None:
     with api.ctx.engine.connect() as connection:  # secrets are never stored, only their hashes
         stored = [row[0] for row in connection.execute(text("SELECT token_hash FROM tokens"))]
     assert secret not in stored and all(len(h) == 64 for h in stored)
+
+
+def test_job_under_another_profile_keeps_the_runs_verdict(api: Api) -> None:
+    captures = ["cap_0.sqlite.gz", "cap_1.sqlite.gz"]
+    run_id = api.analysed(SHM, captures, profile="h200-nvlink")
+    assert api.get(f"/v1/runs/{run_id}").json()["verdict"] == "fail"  # 34.7 % > 25 %
+    job = api.post(f"/v1/runs/{run_id}/analyze", params={"profile": "production"}).json()["job"]
+    assert job["profile"] == "production" and api.wait(job["url"])["status"] == "succeeded"
+    run = api.get(f"/v1/runs/{run_id}").json()
+    assert (run["status"], run["verdict"], run["profile"]) == ("analysed", "fail", "h200-nvlink")
+    assert api.get(f"/v1/runs/{run_id}/report", params={"profile": "production"}).json()["verdict"] == "warn"
+    with api.ctx.factory() as session:
+        from traceguard.store.results import check_results
+
+        assert {c.profile for c in check_results(session, run_id)} == {"h200-nvlink"}

@@ -97,6 +97,8 @@ def renew(session: Session, job_id: int, worker: str, lease_s: float) -> bool:
 
 
 def finish(session: Session, job: Job, *, verdict: str | None) -> None:
+    """Record success. The run's verdict follows only jobs under the run's own profile (a job
+    under another profile adds that profile's report and leaves the verdict alone)."""
     job.status = "succeeded"
     job.finished_at = utcnow()
     job.lease_expires_at = None
@@ -104,7 +106,8 @@ def finish(session: Session, job: Job, *, verdict: str | None) -> None:
     run = session.get(Run, job.run_id)
     if run is not None and _is_latest(session, job):
         run.status = "analysed"
-        run.verdict = verdict
+        if job.profile == run.profile:
+            run.verdict = verdict
 
 
 def fail(session: Session, job: Job, *, code: str, message: str) -> None:
