@@ -180,3 +180,36 @@ class TokenPublic(BaseModel):
 
 class TokenCreated(TokenPublic):
     token: str = Field(description="the secret; shown only in this response")
+
+
+class CollectiveRow(BaseModel):
+    rank: int
+    collective: str
+    msg_bytes: int | None
+    group_size: int | None
+    count: int
+    total_ns: int | None
+    median_ns: float | None
+    p95_ns: float | None
+    min_ns: int | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+
+
+class ConnectionRow(BaseModel):
+    comm: str | None
+    rank: int
+    peer: int
+    channel: int | None
+    direction: str | None
+    transport: str
+    detail: str | None
+
+
+class LinkTables(BaseModel):
+    run_id: int
+    collectives: list[CollectiveRow]
+    connections: list[ConnectionRow]
+    transport_matrix: dict[str, dict[str, str]] = Field(
+        description="rank → peer → transport classes NCCL logged for the pair (e.g. P2P, SHM, P2P+NET)"
+    )

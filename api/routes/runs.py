@@ -12,7 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import ContextDep, PoolDep, Reader, SessionDep, Uploader
 from api.errors import ApiError, not_found
 from api.schemas import (
+    CollectiveRow,
     Comparison,
+    ConnectionRow,
+    LinkTables,
     PhaseHit,
     PhaseList,
     RunCreate,
@@ -29,6 +32,7 @@ from traceguard.errors import InputError
 from traceguard.report import html as html_report
 from traceguard.report import markdown
 from traceguard.report.compare import compare
+from traceguard.report.html import transport_order
 from traceguard.service.analysis import report_for
 from traceguard.service.context import Context
 from traceguard.service.intake import receive
@@ -345,3 +349,25 @@ def get_compare(
     base_doc = _report_doc(ctx, session, base_run, chosen)
     head_doc = _report_doc(ctx, session, head_run, chosen)
     return Comparison(base=base, head=head, profile=chosen, **compare(base_doc, head_doc))
+
+
+@router.get("/runs/{run_id}/links", responses=ERRORS)
+def get_links(run_id: int, who: Reader, session: SessionDep, rank: int | None = None) -> LinkTables:
+    """Collective statistics per rank and message size (latency, algbw/busbw) and the NCCL
+    transport map (every channel connection from the NCCL_DEBUG logs, and the rank × peer matrix)."""
+    run = _visible(session, who.project_id, run_id)
+    links = results.connections(session, run.id)
+    classes: dict[tuple[int, int], set[str]] = {}
+    for c in links:
+        classes.setdefault((c.rank, c.peer), set()).add(c.transport)
+    matrix: dict[str, dict[str, str]] = {}
+    for (rank_, peer), kinds in sorted(classes.items()):
+        matrix.setdefault(str(rank_), {})[str(peer)] = "+".join(sorted(kinds, key=transport_order))
+    return LinkTables(
+        run_id=run.id,
+        collectives=[
+            CollectiveRow.model_validate(c, from_attributes=True) for c in results.collectives(session, run.id, rank)
+        ],
+        connections=[ConnectionRow.model_validate(c, from_attributes=True) for c in links],
+        transport_matrix=matrix,
+    )

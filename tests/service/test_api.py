@@ -7,6 +7,7 @@ must say exactly what `traceguard analyze` says), not with constants.
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def test_upload_analyse_and_query(api: Api, cli_reports: dict[str, dict]) -> Non
         "cap_1.sqlite.gz": 1,
     }
     report = api.get(f"/v1/runs/{run_id}/report").json()
+    assert sorted(i["path"] for i in report["inputs"]) == ["cap_0.sqlite.gz", "cap_1.sqlite.gz"]
+    assert str(api.ctx.settings.data_dir) not in json.dumps(report)  # no server paths in what users see
     expected = cli_reports["shm"]
     assert report["run"]["metrics"]["nccl_share_of_step"] == pytest.approx(
         expected["run"]["metrics"]["nccl_share_of_step"]
@@ -154,7 +157,7 @@ def test_bundle_archive_with_manifest_ranks(api: Api, tmp_path: Path) -> None:
     assert ranks["cap_0.sqlite.gz"] == (1, "manifest", "bundle.tar.gz")
     assert api.wait(body["job"]["url"])["status"] == "succeeded"
     report = api.get(f"/v1/runs/{run_id}/report").json()
-    assert {i["path"].rsplit("/", 1)[-1]: i["rank"] for i in report["inputs"]} == {
+    assert {i["path"]: i["rank"] for i in report["inputs"]} == {
         "cap_0.sqlite.gz": 1,
         "cap_1.sqlite.gz": 0,
     }
@@ -226,3 +229,20 @@ def test_job_under_another_profile_keeps_the_runs_verdict(api: Api) -> None:
         from traceguard.store.results import check_results
 
         assert {c.profile for c in check_results(session, run_id)} == {"h200-nvlink"}
+
+
+def test_links_collectives_and_transport_map(api: Api, cli_reports: dict[str, dict]) -> None:
+    run_id = api.analysed(SHM, SHM_FILES)
+    links = api.get(f"/v1/runs/{run_id}/links").json()
+    assert links["transport_matrix"] == {"0": {"1": "SHM"}, "1": {"0": "SHM"}}
+    report = api.get(f"/v1/runs/{run_id}/report").json()
+    assert [(c["rank"], c["peer"], c["channel"], c["transport"]) for c in links["connections"]] == [
+        (c["rank"], c["peer"], c["channel"], c["transport"]) for c in report["nccl"]["connections"]
+    ]
+    key = ("rank", "collective", "msg_bytes", "count")
+    expected = sorted(cli_reports["shm"]["run"]["collectives"], key=lambda c: tuple(str(c[k]) for k in key))
+    stored = sorted(links["collectives"], key=lambda c: tuple(str(c[k]) for k in key))
+    assert [tuple(c[k] for k in key) for c in stored] == [tuple(c[k] for k in key) for c in expected]
+    assert [c["busbw_gbps"] for c in stored] == pytest.approx([c["busbw_gbps"] for c in expected])
+    rank1 = api.get(f"/v1/runs/{run_id}/links", params={"rank": 1}).json()["collectives"]
+    assert rank1 and {c["rank"] for c in rank1} == {1}

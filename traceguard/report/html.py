@@ -94,6 +94,11 @@ TRANSPORT_ORDER = ("P2P", "NVLS", "COLLNET", "NET", "SHM")
 _TRANSPORT_COLOUR = {"P2P": "#1a7f37", "NVLS": "#2da44e", "COLLNET": "#0969da", "NET": "#9a6700", "SHM": "#cf222e"}
 
 
+def transport_order(kind: str) -> int:
+    """Best first: P2P, NVLS, COLLNET, NET, SHM (the fallback), then anything else."""
+    return TRANSPORT_ORDER.index(kind) if kind in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
+
+
 def transport_matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], str]]:
     """Rank × peer → the transport classes NCCL logged for that pair (e.g. ``"P2P"``, ``"SHM"``,
     ``"P2P+NET"`` when channels differ); from ``nccl.connections``."""
@@ -103,8 +108,7 @@ def transport_matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, in
             continue
         seen.setdefault((conn["rank"], conn["peer"]), set()).add(str(conn["transport"]).upper())
     ranks = sorted({r for pair in seen for r in pair})
-    order = {name: i for i, name in enumerate(TRANSPORT_ORDER)}
-    return ranks, {pair: "+".join(sorted(kinds, key=lambda k: order.get(k, 99))) for pair, kinds in seen.items()}
+    return ranks, {pair: "+".join(sorted(kinds, key=transport_order)) for pair, kinds in seen.items()}
 
 
 def transport_figure(doc: dict[str, Any]) -> go.Figure | None:
@@ -114,7 +118,7 @@ def transport_figure(doc: dict[str, Any]) -> go.Figure | None:
         return None
     classes = sorted(
         set(pairs.values()),
-        key=lambda c: [TRANSPORT_ORDER.index(k) if k in TRANSPORT_ORDER else 99 for k in c.split("+")],
+        key=lambda c: [transport_order(k) for k in c.split("+")],
     )
     code = {name: i for i, name in enumerate(classes)}
     z = [[code.get(pairs.get((r, p), "")) for p in ranks] for r in ranks]

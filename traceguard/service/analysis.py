@@ -68,6 +68,31 @@ def _layout(job_dir: Path, ctx: Context, files: list[File]) -> _Spec:
     return _Spec(inputs, side, "", str(ctx.cache_dir), ctx.settings.max_rows)
 
 
+def _resolved_ranks(doc: dict[str, Any], inputs_dir: Path) -> dict[int, int | None]:
+    """File id → the rank the analysis resolved (None: several ranks in one file)."""
+    resolved: dict[int, int | None] = {}
+    for record in doc.get("inputs", []):
+        path = Path(record["path"])
+        if path.parent.parent == inputs_dir and path.parent.name.isdigit() and record.get("ranks"):
+            resolved[int(path.parent.name)] = record["ranks"][0] if len(record["ranks"]) == 1 else None
+    return resolved
+
+
+def _public_names(doc: dict[str, Any], inputs_dir: Path, files: list[File]) -> dict[str, Any]:
+    """The report with the job's scratch paths replaced by the names files were uploaded under
+    (``<id>/<name>`` where two files of the run share a name): no server paths leak."""
+    counts: dict[str, int] = {}
+    for f in files:
+        counts[f.name] = counts.get(f.name, 0) + 1
+    text = orjson.dumps(doc).decode()
+    for f in files:
+        shown = f.name if counts[f.name] == 1 else f"{f.id}/{f.name}"
+        text = text.replace(
+            orjson.dumps(str(inputs_dir / str(f.id) / f.name)).decode()[1:-1], orjson.dumps(shown).decode()[1:-1]
+        )
+    return orjson.loads(text)
+
+
 def run_analysis(
     ctx: Context,
     files: list[File],
@@ -76,8 +101,9 @@ def run_analysis(
     *,
     heartbeat: Callable[[], bool] | None = None,
     stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """Analyse ``files`` under ``profile`` in a child process; the report document.
+) -> tuple[dict[str, Any], dict[int, int | None]]:
+    """Analyse ``files`` under ``profile`` in a child process; the report document (inputs named
+    as uploaded) and the rank resolved for each file id.
 
     ``heartbeat`` is called every few seconds while it runs (False: give up, the job is no longer
     ours); ``stop`` says the server is shutting down. Raises AnalysisFailed."""
@@ -132,8 +158,10 @@ def run_analysis(
         message = error.get("message", "")
         if error.get("hint"):
             message += f" ({error['hint']})"
-        raise AnalysisFailed(error.get("code", "analysis_error"), message)
-    return payload["report"]
+        raise AnalysisFailed(error.get("code", "analysis_error"), message.replace(f"{work_dir / 'inputs'}/", ""))
+    doc = payload["report"]
+    inputs_dir = work_dir / "inputs"
+    return _public_names(doc, inputs_dir, files), _resolved_ranks(doc, inputs_dir)
 
 
 def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] | None = None) -> str:
@@ -156,7 +184,7 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
     try:
         if not files:
             raise AnalysisFailed("no_files", "the run has no files to analyse")
-        doc = run_analysis(ctx, files, profile, work_dir, heartbeat=heartbeat, stop=stop)
+        doc, resolved = run_analysis(ctx, files, profile, work_dir, heartbeat=heartbeat, stop=stop)
     except AnalysisFailed as exc:
         if exc.code in ("interrupted", "lease_lost"):
             with ctx.factory() as session:  # leave it for the next worker
@@ -180,7 +208,7 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
         files = run_files(session, run_id)
         results.save_report(session, run_id=run_id, job_id=job_id, input_key=job.input_key, doc=doc)
         if job.profile == run.profile and job.input_key == input_key(files):
-            results.save_results(session, run, job, doc, files)
+            results.save_results(session, run, job, doc, files, resolved)
         jobs.finish(session, job, verdict=doc["verdict"])
     return "succeeded"
 
@@ -197,7 +225,7 @@ def report_for(ctx: Context, run: Run, profile: str) -> dict[str, Any]:
         raise AnalysisFailed("no_files", "the run has no files to analyse")
     work_dir = ctx.jobs_dir / f"report-{run.id}-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        doc = run_analysis(ctx, files, profile, work_dir)
+        doc, _ = run_analysis(ctx, files, profile, work_dir)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     with transaction(ctx.factory) as session:

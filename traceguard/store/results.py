@@ -4,7 +4,6 @@ queries the API serves from them."""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import PurePath
 from typing import Any
 
 from sqlalchemy import Select, and_, delete, select
@@ -74,16 +73,16 @@ def latest_report(session: Session, run: Run) -> Report | None:
     return get_report(session, run.id, job.profile, job.input_key)
 
 
-def save_results(session: Session, run: Run, job: Job, doc: dict[str, Any], files: list[File]) -> None:
-    """Replace the run's result rows by those of ``doc`` (one transaction with the caller's)."""
+def save_results(
+    session: Session, run: Run, job: Job, doc: dict[str, Any], files: list[File], resolved: dict[int, int | None]
+) -> None:
+    """Replace the run's result rows by those of ``doc`` (one transaction with the caller's);
+    ``resolved`` maps file ids to the rank the analysis gave them."""
     for table in RESULT_TABLES:
         session.execute(delete(table).where(table.run_id == run.id))
-    # Which file became which rank: the job lays each file out as ``<file id>/<name>``.
-    by_id = {str(f.id): f for f in files}
-    for record in doc.get("inputs", []):
-        file = by_id.get(PurePath(record["path"]).parent.name)
-        if file is not None and record.get("ranks"):
-            file.resolved_rank = record["ranks"][0] if len(record["ranks"]) == 1 else None
+    for file in files:
+        if file.id in resolved:
+            file.resolved_rank = resolved[file.id]
     rows: list[Any] = []
     for rank in doc.get("ranks", []):
         metrics = rank["metrics"]
@@ -92,7 +91,7 @@ def save_results(session: Session, run: Run, job: Job, doc: dict[str, Any], file
                 run_id=run.id,
                 job_id=job.id,
                 rank=rank["rank"],
-                input=PurePath(rank["input"]).name if rank.get("input") else None,
+                input=rank.get("input"),
                 gpu_models=", ".join(rank.get("gpu_models") or []) or None,
                 step_count=metrics.get("step_count"),
                 gpu_ops=metrics.get("gpu_ops"),
@@ -260,6 +259,13 @@ def query_phases(
         query = query.where(Run.created_at < created_before)
     query = query.order_by(Run.id.desc(), Phase.rank, Phase.step_index, Phase.id)
     return [(p, r) for p, r in session.execute(_page(query, limit, offset)).all()]
+
+
+def collectives(session: Session, run_id: int, rank: int | None = None) -> list[Collective]:
+    query = select(Collective).where(Collective.run_id == run_id)
+    if rank is not None:
+        query = query.where(Collective.rank == rank)
+    return list(session.scalars(query.order_by(Collective.rank, Collective.id)))
 
 
 def connections(session: Session, run_id: int) -> list[Connection]:
