@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 
 from api import errors, metrics
 from api.routes import jobs, meta, runs, web
@@ -56,11 +56,17 @@ def create_app(settings: Settings | None = None, *, workers: bool = True) -> Fas
     app.state.metrics = None
 
     @app.middleware("http")
-    async def _metrics(request, call_next):  # type: ignore[no-untyped-def]
+    async def _metrics_and_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         observed = request.app.state.metrics
         if observed is None:
-            return await call_next(request)
-        return await metrics.observe(observed, request, call_next)
+            response = await call_next(request)
+        else:
+            response = await metrics.observe(observed, request, call_next)
+        # Pages show data from uploaded files: no sniffing, no framing, no referrer to elsewhere.
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
 
     for module in (runs, jobs, meta, web):
         app.include_router(module.router)

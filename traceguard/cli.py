@@ -523,7 +523,8 @@ def record_command(
 @app.command("upload")
 def upload_command(
     paths: Annotated[
-        list[str], typer.Argument(help="Files to upload (FILE:RANK names the rank); directories upload their files.")
+        list[str],
+        typer.Argument(help="Files to upload (FILE:RANK names the rank); a run directory goes as one archive."),
     ],
     server: Annotated[str, typer.Option(envvar="TRACEGUARD_SERVER", help="Service URL.")],
     token: Annotated[str, typer.Option(envvar="TRACEGUARD_TOKEN", help="API token with read and upload scopes.")],
@@ -536,16 +537,20 @@ def upload_command(
 ) -> None:
     """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
     like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
+    import tempfile
+
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from traceguard.client import Client, ServiceError
+    from traceguard.client import Client, ServiceError, pack_bundle
     from traceguard.ingest import parse_spec
 
     specs = []
+    scratch = tempfile.TemporaryDirectory(prefix="traceguard-upload-")
     for text in paths:
         spec = parse_spec(text)
         if spec.path.is_dir():
-            specs += [(p, None) for p in sorted(spec.path.iterdir()) if p.is_file()]
+            # A run bundle travels as one archive, so its manifest's ranks come with it.
+            specs.append((pack_bundle(spec.path, Path(scratch.name)), None))
         elif spec.path.is_file():
             specs.append((spec.path, spec.rank))
         else:
@@ -565,6 +570,8 @@ def upload_command(
                         run["id"], path, rank=rank, on_bytes=lambda n, t=task: progress.advance(t, n)
                     )
                     stored += len(result["files"])
+                    for skipped in result["skipped"]:
+                        progress.console.print(f"[dim]skipped[/] {path.name}/{skipped['name']}: {skipped['reason']}")
                 except ServiceError as exc:
                     if exc.status not in (415, 422):
                         raise
@@ -583,6 +590,7 @@ def upload_command(
         raise _fail(exc) from None
     finally:
         client.close()
+        scratch.cleanup()
     _warn_inputs(report)
     _print_checks(report, f" · run {run['id']}")
     err.print(f"report: {server.rstrip('/')}/runs/{run['id']}")

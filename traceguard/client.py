@@ -6,6 +6,7 @@ service's own error code and message.
 
 from __future__ import annotations
 
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,17 @@ import httpx
 from traceguard.errors import TraceguardError
 
 CHUNK = 1 << 20
+
+
+def pack_bundle(directory: Path, scratch: Path) -> Path:
+    """The regular files directly in ``directory`` as ``<scratch>/<name>.tar`` (uncompressed:
+    captures are gzipped already). Links and subdirectories are left out."""
+    target = scratch / f"{directory.resolve().name or 'bundle'}.tar"
+    with tarfile.open(target, "w") as tar:
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                tar.add(path, arcname=path.name, recursive=False)
+    return target
 
 
 class ServiceError(TraceguardError):

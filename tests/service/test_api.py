@@ -186,7 +186,9 @@ def test_profiles_health_metrics_openapi(api: Api) -> None:
     assert {"production", "ci-cpu", "h200-nvlink"} <= set(profiles)
     assert profiles["h200-nvlink"]["chain"][-1] == "production"
     assert profiles["production"]["rules"]["nccl_step_share"]["fail"] == 0.35
-    assert api.client.get("/healthz").json() == {"status": "ok"}
+    health = api.client.get("/healthz")
+    assert health.json() == {"status": "ok"}
+    assert health.headers["x-content-type-options"] == "nosniff" and health.headers["x-frame-options"] == "DENY"
     ready = api.client.get("/readyz").json()
     assert ready["status"] == "ok" and ready["checks"] == {"database": "ok", "blobs": "ok", "workers": "ok"}
     api.analysed(P2P, ["cap_0.sqlite.gz"])

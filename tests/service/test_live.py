@@ -15,18 +15,19 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.service.conftest import P2P, P2P_FILES, SHM, SHM_FILES
+from tests.service.conftest import H200, P2P, P2P_FILES, SHM, SHM_FILES
 from tests.service.live import REPO, LiveServer
 from traceguard.settings import Settings
 
 pytestmark = pytest.mark.slow
+SWEEP = H200.parent / "sweep_h200" / "bucket_100mb"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "traceguard.cli", *args],
         cwd=REPO,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "COLUMNS": "300", **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -59,11 +60,21 @@ def test_serve_bootstraps_once_and_upload_gates(server: LiveServer, tmp_path: Pa
     assert "<testsuite" in junit.read_text()
     p2p = _cli("upload", str(P2P), *common, "--label", "cluster=B")  # a bundle directory
     assert p2p.returncode == 0, p2p.stdout + p2p.stderr
-    assert "verdict PASS" in p2p.stdout and "skipped" in p2p.stderr  # stdout.txt, rank*.json
+    assert "verdict PASS" in p2p.stdout and "skipped p2p_nsys.tar/stdout.txt" in p2p.stderr
+    bundle = _cli("upload", str(SWEEP), *common)  # a harness bundle: its manifest names the ranks
+    assert bundle.returncode == 0, bundle.stdout + bundle.stderr
+    run_url = bundle.stderr.strip().splitlines()[-1].split("report: ", 1)[1].replace("/runs/", "/v1/runs/")
+    files = httpx.get(run_url, headers={"Authorization": f"Bearer {token}"}).json()["files"]
+    captures = {f["name"]: (f["rank"], f["rank_source"], f["archive"]) for f in files if f["kind"] == "nsys-sqlite"}
+    assert captures == {
+        "cap_0.sqlite.gz": (0, "manifest", "bucket_100mb.tar"),
+        "cap_1.sqlite.gz": (1, "manifest", "bucket_100mb.tar"),
+    }
+    assert {f["kind"] for f in files} >= {"nccl_log", "dmon", "topo", "smi_q"}
     listed = httpx.get(
         f"{server.url}/v1/runs", params={"label": "cluster:B"}, headers={"Authorization": f"Bearer {token}"}
     ).json()
-    assert [r["verdict"] for r in listed["runs"]] == ["pass", "fail"]
+    assert [r["verdict"] for r in listed["runs"]] == ["pass", "fail"]  # the labelled ones
     bad = _cli("upload", str(P2P / "cap_0.sqlite.gz"), "--server", server.url, "--token", "tg_nope")
     assert bad.returncode == 2 and "valid API token" in bad.stderr
 
