@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 
-# Polars' allocator (jemalloc) keeps freed pages for 10 s by default, so a one-shot run over a
-# multi-GB capture would count memory it no longer uses in its peak RSS. Handing pages back at
-# once (decay 0) costs page faults on every reuse: measured on the 10 M-kernel benchmark, 1 s
-# keeps peak RSS under 2 GB and is ~15 % faster than 0 (bench/RESULTS.md). Must be set before
-# polars is first imported; the API-reading worker process inherits it.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:1000,muzzy_decay_ms:0")
+# Polars' allocator (jemalloc) keeps freed pages by default; a one-shot CLI run over a
+# multi-GB capture should hand them back at once, or its peak RSS counts memory it no longer
+# uses. Must be set before polars is first imported.
+os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 
 import sys
 from enum import StrEnum
