@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from traceguard.errors import InputError, NoUsableInputError, ProfileError, TraceguardError, UnsupportedFormatError
+from traceguard.errors import TraceguardError, UnsupportedFormatError
 from traceguard.store.blobs import TooLarge
 
 
@@ -29,6 +29,10 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
+#: Codes of an analysis that broke on the server's side (not the input's fault).
+SERVER_FAULTS = {"analysis_crashed", "analysis_error", "out_of_memory", "store_unavailable", "interrupted"}
+
+
 def status_of(exc: TraceguardError) -> int:
     if isinstance(exc, ApiError):
         return exc.status
@@ -36,11 +40,11 @@ def status_of(exc: TraceguardError) -> int:
         return 413
     if isinstance(exc, UnsupportedFormatError):
         return 415
-    if isinstance(exc, InputError | ProfileError | NoUsableInputError):
-        return 422
-    if exc.code in ("analysis_timeout",):
+    if exc.code == "analysis_timeout":
         return 504
-    return 500 if exc.code in ("store_unavailable",) else 422
+    if exc.code in SERVER_FAULTS:
+        return 500
+    return 422  # the input or the request: InputError, ProfileError, NoUsableInputError, ...
 
 
 def error_body(code: str, message: str, hint: str | None = None) -> dict[str, Any]:
