@@ -3,6 +3,7 @@ and each run's report with its charts."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
@@ -18,6 +19,8 @@ from api.errors import ApiError
 from traceguard.checks.profiles import available
 from traceguard.errors import TraceguardError
 from traceguard.report import html as html_report
+from traceguard.report.compare import compare
+from traceguard.report.units import value_h
 from traceguard.service.analysis import report_for
 from traceguard.store import access, results
 from traceguard.store.runs import RUN_STATUSES, get_run, list_runs, parse_label_filter, run_files, run_jobs
@@ -179,3 +182,43 @@ def run_page(
         return templates.TemplateResponse(request, "run_pending.html", {**context, "job": jobs[-1] if jobs else None})
     header = templates.get_template("run_header.html").render(**context)
     return HTMLResponse(html_report.render(doc, plotly_src="/static/plotly.min.js", header_html=header))
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, session: SessionDep, ctx: ContextDep, base: int, head: int, profile: str | None = None
+) -> Response:
+    """Two runs side by side under one profile (the head run's unless given)."""
+    who = _who(request, session)
+    if who is None:
+        return _to_login(request)
+    runs = [get_run(session, who.project_id, run_id) for run_id in (base, head)]
+    if runs[0] is None or runs[1] is None:
+        return HTMLResponse("<h1>Not found</h1><p>No such run in this project. <a href='/runs'>Runs</a></p>", 404)
+    chosen = profile if profile in available() else runs[1].profile
+    try:
+        docs = [report_for(ctx, run, chosen) for run in runs]
+    except TraceguardError as exc:
+        return HTMLResponse(f"<p>{html.escape(str(exc))}</p><a href='/runs'>Runs</a>", status_code=422)
+    comparison = compare(docs[0], docs[1])
+    for m in comparison["metrics"]:
+        m["base_text"], m["head_text"] = value_h(m["metric"], m["base"]), value_h(m["metric"], m["head"])
+        if m["delta"] is None:
+            m["change_text"] = ""
+        elif m["base_text"].endswith("%"):  # a share: the change in percentage points says more
+            m["change_text"] = f"{100 * m['delta']:+.1f} pp"
+        elif m["relative"] is not None:
+            m["change_text"] = f"{100 * m['relative']:+.1f} %"
+        else:
+            m["change_text"] = f"{m['delta']:+g}"
+    return templates.TemplateResponse(
+        request,
+        "compare.html",
+        {
+            "base": runs[0],
+            "head": runs[1],
+            "profile": chosen,
+            "comparison": comparison,
+            "project": _project_name(session, who),
+        },
+    )

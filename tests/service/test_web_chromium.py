@@ -93,6 +93,19 @@ def test_login_runs_list_and_run_report(browser, site) -> None:  # noqa: F811
     assert "SHM" in matrix and "P2P" not in matrix
     assert page.locator("#run-header").inner_text().count("nsys-sqlite") == 2
 
+    p2p_run = next(r for r in reports if r != shm_run)
+    page.fill("#compare-form input[name=base]", str(p2p_run))
+    page.click("#compare-form button[type=submit]")
+    page.wait_for_selector("#changed-checks")
+    changed = page.locator("#changed-checks tr[data-check='transport_p2p'] .status")
+    assert [changed.nth(i).inner_text() for i in range(changed.count())] == ["pass", "fail"]
+    share = page.locator("#metric-deltas tr[data-metric='nccl_share_of_step'] td")
+    metrics = {run_id: doc["run"]["metrics"] for run_id, doc in reports.items()}
+    points = 100 * (metrics[shm_run]["nccl_share_of_step"] - metrics[p2p_run]["nccl_share_of_step"])
+    assert share.nth(3).inner_text() == f"{points:+.1f} pp"  # a share: percentage points
+    span = page.locator("#metric-deltas tr[data-metric='gpu_span_ns'] td").nth(3).inner_text()
+    assert span == f"{100 * (metrics[shm_run]['gpu_span_ns'] / metrics[p2p_run]['gpu_span_ns'] - 1):+.1f} %"
+
     page.click("#nav button[type=submit]")  # log out
     page.wait_for_url(f"{server.url}/login")
     page.goto(f"{server.url}/runs/{shm_run}")
