@@ -234,6 +234,15 @@ def _report_doc(ctx: Context, session: SessionDep, run: Run, profile: str | None
             return stored.document
         if run.status in ("queued", "running", "created"):
             raise ApiError(409, "not_ready", f"run {run.id} has no analysis yet (status {run.status})")
+        failed = run_jobs(session, run.id)[-1:]
+        if failed and failed[0].status == "failed":  # do not redo a failing analysis on every read
+            job = failed[0]
+            raise ApiError(
+                409,
+                "analysis_failed",
+                f"run {run.id} has no report: its analysis failed ({job.error_code}: {job.error_message})",
+                hint=f"see /v1/jobs/{job.id}; upload corrected files, then POST /v1/runs/{run.id}/analyze",
+            )
     return report_for(ctx, run, check_profile(profile or run.profile))
 
 

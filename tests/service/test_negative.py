@@ -178,3 +178,14 @@ def test_bad_parameters_are_422_with_a_message(api: Api) -> None:
 @pytest.mark.parametrize("body", [b"", b"\x1f\x8b\x08\x00garbage"])
 def test_empty_or_broken_gzip(api: Api, body: bytes) -> None:
     assert _error(api.upload_bytes(api.new_run(), "x.gz", body), 422)
+
+
+def test_report_of_a_run_whose_only_analysis_failed(api: Api) -> None:
+    run_id = api.new_run()
+    broken = b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1'
+    response = api.upload_bytes(run_id, "rank0.trace.json", broken)
+    assert response.status_code == 202, response.text
+    job = api.wait(response.json()["job"]["url"])
+    assert job["status"] == "failed" and job["error"]["code"] == "no_usable_input"
+    error = _error(api.get(f"/v1/runs/{run_id}/report"), 409)
+    assert error["code"] == "analysis_failed" and f"/v1/jobs/{job['id']}" in error["hint"]
