@@ -534,6 +534,14 @@ def upload_command(
     run_id: Annotated[int | None, typer.Option("--run", help="Add to this run instead of creating one.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the analysis.")] = 1800.0,
     junit_path: Annotated[Path | None, typer.Option("--junit", help="Write the checks as JUnit XML here.")] = None,
+    baseline: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--baseline",
+            help="Compare with the newest analysed run carrying this label key=value (repeatable, all must "
+            "match), e.g. --baseline branch=main: checks that changed and the largest metric changes.",
+        ),
+    ] = None,
 ) -> None:
     """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
     like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
@@ -586,6 +594,13 @@ def upload_command(
             err.print(f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {job['error']['message']}")
             raise typer.Exit(2)
         report = client.report(run["id"]).json()
+        comparison = None
+        if baseline:
+            base = client.newest_run(_labels(baseline), exclude=run["id"])
+            if base is None:
+                err.print(f"[yellow]no baseline[/]: no other analysed run has {', '.join(baseline)}")
+            else:
+                comparison = client.compare(base["id"], run["id"])
     except ServiceError as exc:
         raise _fail(exc) from None
     finally:
@@ -593,10 +608,25 @@ def upload_command(
         scratch.cleanup()
     _warn_inputs(report)
     _print_checks(report, f" · run {run['id']}")
+    if comparison:
+        _print_comparison(comparison)
     err.print(f"report: {server.rstrip('/')}/runs/{run['id']}")
     if junit_path:
         _write(junit.render(report), junit_path)
     raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+def _print_comparison(comparison: dict[str, Any], top: int = 8) -> None:
+    """Checks whose status changed, then the run metrics that moved most (shares in points)."""
+    out.print(
+        f"compared with run {comparison['base']} ({comparison['base_verdict']} → {comparison['head_verdict']}, "
+        f"profile {comparison['profile']})"
+    )
+    for c in comparison["changed_checks"]:
+        out.print(f"  check [bold]{c['id']}[/]: {c['base'] or '—'} → {c['head'] or '—'}")
+    moved = [m for m in comparison["metrics"] if m["relative"] not in (None, 0)]
+    for m in sorted(moved, key=lambda m: abs(m["relative"]), reverse=True)[:top]:
+        out.print(f"  {m['metric']}: {m['base']} → {m['head']} ({100 * m['relative']:+.1f} %)")
 
 
 def console_main() -> None:

@@ -130,3 +130,12 @@ class Client:
     def report(self, run_id: int, profile: str | None = None, fmt: str = "json") -> httpx.Response:
         params = {"format": fmt, **({"profile": profile} if profile else {})}
         return self._call("GET", f"/v1/runs/{run_id}/report", params=params)
+
+    def newest_run(self, labels: dict[str, str], *, exclude: int | None = None) -> dict[str, Any] | None:
+        """The newest analysed run carrying every label (other than ``exclude``), or None."""
+        params = {"label": [f"{k}:{v}" for k, v in labels.items()], "status": "analysed", "limit": 2}
+        runs = self._call("GET", "/v1/runs", params=params).json()["runs"]
+        return next((r for r in runs if r["id"] != exclude), None)
+
+    def compare(self, base: int, head: int) -> dict[str, Any]:
+        return self._call("GET", "/v1/compare", params={"base": base, "head": head}).json()

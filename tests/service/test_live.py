@@ -58,8 +58,10 @@ def test_serve_bootstraps_once_and_upload_gates(server: LiveServer, tmp_path: Pa
     assert shm.returncode == 1, shm.stdout + shm.stderr  # a check fails: the gate closes
     assert "verdict FAIL" in shm.stdout and "transport_p2p" in shm.stdout
     assert "<testsuite" in junit.read_text()
-    p2p = _cli("upload", str(P2P), *common, "--label", "cluster=B")  # a bundle directory
+    p2p = _cli("upload", str(P2P), *common, "--label", "cluster=B", "--baseline", "cluster=B")  # a bundle directory
     assert p2p.returncode == 0, p2p.stdout + p2p.stderr
+    assert "compared with run 1 (fail → pass, profile h200-nvlink)" in p2p.stdout  # the SHM run is the baseline
+    assert "check transport_p2p: fail → pass" in p2p.stdout and "nccl_share_of_step:" in p2p.stdout
     assert "verdict PASS" in p2p.stdout and "skipped p2p_nsys.tar/stdout.txt" in p2p.stderr
     bundle = _cli("upload", str(SWEEP), *common)  # a harness bundle: its manifest names the ranks
     assert bundle.returncode == 0, bundle.stdout + bundle.stderr
