@@ -139,3 +139,39 @@ def test_sigkill_during_analysis_loses_no_job_or_file(tmp_path: Path, database_u
         counts = dict(connection.execute(text("SELECT status, count(*) FROM jobs GROUP BY status")).all())
     engine.dispose()
     assert counts == {"succeeded": 4}
+
+
+def test_sigterm_hands_running_jobs_back(tmp_path: Path, database_url: str | None) -> None:
+    """A clean stop (SIGTERM: a deploy) puts a running analysis back in the queue at once, and the
+    next server finishes it."""
+    env = {"TRACEGUARD_WORKERS": "1"}
+    first = LiveServer(tmp_path / "data", database_url, env=env).start()
+    client = httpx.Client(base_url=first.url, headers={"Authorization": f"Bearer {first.admin_token}"}, timeout=60)
+    run_id = client.post("/v1/runs", json={}).json()["id"]
+    files = [("file", (n, (SHM / n).read_bytes())) for n in SHM_FILES]
+    job_url = client.post(f"/v1/runs/{run_id}/files", files=files).json()["job"]["url"]
+    deadline = time.monotonic() + 60
+    while client.get(job_url).json()["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    headers = dict(client.headers)
+    client.close()  # no open keep-alive connection for uvicorn's shutdown to wait on
+    first.stop()
+    # uvicorn finishes its shutdown, then re-raises the signal (exit status -15 is the clean path)
+    assert first.process is not None and first.process.returncode in (0, -15), first.output()[-2000:]
+    assert "Application shutdown complete" in first.output()
+    url = Settings(data_dir=first.data_dir, database_url=database_url).url
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        status, attempts = connection.execute(text("SELECT status, attempts FROM jobs")).one()
+    engine.dispose()
+    assert (status, attempts) == ("queued", 1)  # back in the queue, not failed, not waiting for a lease
+    second = LiveServer(first.data_dir, database_url, env=env).start()
+    try:
+        client = httpx.Client(base_url=second.url, headers=headers, timeout=60)
+        deadline = time.monotonic() + 120
+        while (job := client.get(job_url).json())["status"] not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert job["status"] == "succeeded" and job["attempts"] == 2
+    finally:
+        second.stop()
