@@ -36,6 +36,19 @@ def _named(exc: InputError, name: str) -> InputError:
     return exc
 
 
+def _validate(ctx: Context, path: Path, kind: Classified, name: str) -> None:
+    try:
+        validate(
+            path,
+            kind,
+            scratch=ctx.blobs.scratch,
+            max_expanded_bytes=ctx.settings.max_archive_bytes,
+            max_side_bytes=ctx.settings.max_side_file_bytes,
+        )
+    except InputError as exc:
+        raise _named(exc, name) from exc
+
+
 def _manifest_ranks(members: dict[str, Path]) -> dict[str, int]:
     ranks: dict[str, int] = {}
     for name, path in members.items():
@@ -92,16 +105,7 @@ def receive(
                 if kind.is_archive:
                     intake.skipped.append({"name": member.name, "reason": "archives inside archives are not opened"})
                     continue
-                try:
-                    validate(
-                        member.path,
-                        kind,
-                        scratch=ctx.blobs.scratch,
-                        max_expanded_bytes=limits.max_archive_bytes,
-                        max_side_bytes=limits.max_side_file_bytes,
-                    )
-                except InputError as exc:
-                    raise _named(exc, f"{name}/{member.name}") from exc
+                _validate(ctx, member.path, kind, f"{name}/{member.name}")
                 accepted.append((member.name, member.path, kind))
             if not accepted:
                 raise InputError(f"{name}: the archive holds no capture, NCCL log or nvidia-smi/nccl-tests output")
@@ -124,16 +128,7 @@ def receive(
                 )
         upload.discard()
         return intake
-    try:
-        validate(
-            upload.temp_path,
-            found,
-            scratch=ctx.blobs.scratch,
-            max_expanded_bytes=limits.max_archive_bytes,
-            max_side_bytes=limits.max_side_file_bytes,
-        )
-    except InputError as exc:
-        raise _named(exc, name) from exc
+    _validate(ctx, upload.temp_path, found, name)
     upload.commit()
     assert upload.sha256 is not None
     intake.files.append(

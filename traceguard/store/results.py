@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from traceguard.errors import InputError
+from traceguard.store.runs import with_labels
 from traceguard.store.tables import (
     CheckResult,
     Collective,
@@ -21,7 +22,6 @@ from traceguard.store.tables import (
     RankResult,
     Report,
     Run,
-    RunLabel,
     Step,
 )
 
@@ -247,12 +247,7 @@ def query_phases(
         query = query.where(Phase.phase == phase)
     if min_nccl_share is not None:
         query = query.where(Phase.nccl_share >= min_nccl_share)
-    for key, value in labels:
-        query = query.where(
-            select(RunLabel.run_id)
-            .where(and_(RunLabel.run_id == Run.id, RunLabel.key == key, RunLabel.value == value))
-            .exists()
-        )
+    query = with_labels(query, labels)
     if created_after:
         query = query.where(Run.created_at >= created_after)
     if created_before:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import Select, and_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -35,6 +37,17 @@ def parse_label_filter(text: str) -> tuple[str, str]:
     if not sep or not _LABEL_KEY.match(key):
         raise InputError(f"label filter {text!r} is not key:value")
     return key, value
+
+
+def with_labels(query: Select[Any], labels: Iterable[tuple[str, str]]) -> Select[Any]:
+    """``query`` (over ``runs``) restricted to runs carrying every (key, value) label."""
+    for key, value in labels:
+        query = query.where(
+            select(RunLabel.run_id)
+            .where(and_(RunLabel.run_id == Run.id, RunLabel.key == key, RunLabel.value == value))
+            .exists()
+        )
+    return query
 
 
 def create_run(session: Session, project_id: int, *, name: str, labels: dict[str, str], profile: str) -> Run:
@@ -87,12 +100,7 @@ def list_runs(
     if status is not None and status not in RUN_STATUSES:
         raise InputError(f"status must be one of {', '.join(RUN_STATUSES)}")
     query = select(Run).where(Run.project_id == project_id)
-    for key, value in labels:
-        query = query.where(
-            select(RunLabel.run_id)
-            .where(and_(RunLabel.run_id == Run.id, RunLabel.key == key, RunLabel.value == value))
-            .exists()
-        )
+    query = with_labels(query, labels)
     if status:
         query = query.where(Run.status == status)
     if created_after:
