@@ -32,7 +32,7 @@ from traceguard.errors import InputError
 from traceguard.report import html as html_report
 from traceguard.report import markdown
 from traceguard.report.compare import compare
-from traceguard.report.html import transport_order
+from traceguard.report.nccl import pair_transports
 from traceguard.service.analysis import report_for
 from traceguard.service.context import Context
 from traceguard.service.intake import receive
@@ -366,12 +366,9 @@ def get_links(run_id: int, who: Reader, session: SessionDep, rank: int | None = 
     transport map (every channel connection from the NCCL_DEBUG logs, and the rank × peer matrix)."""
     run = _visible(session, who.project_id, run_id)
     links = results.connections(session, run.id)
-    classes: dict[tuple[int, int], set[str]] = {}
-    for c in links:
-        classes.setdefault((c.rank, c.peer), set()).add(c.transport)
     matrix: dict[str, dict[str, str]] = {}
-    for (rank_, peer), kinds in sorted(classes.items()):
-        matrix.setdefault(str(rank_), {})[str(peer)] = "+".join(sorted(kinds, key=transport_order))
+    for (rank_, peer), kinds in pair_transports((c.rank, c.peer, c.transport) for c in links).items():
+        matrix.setdefault(str(rank_), {})[str(peer)] = kinds
     return LinkTables(
         run_id=run.id,
         collectives=[

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from traceguard.checks.rules import format_value
+from traceguard.report.nccl import pair_transports, transport_order
 from traceguard.report.units import value_h
 
 _STATUS_COLOUR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
@@ -90,25 +91,14 @@ def nccl_share_figure(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-TRANSPORT_ORDER = ("P2P", "NVLS", "COLLNET", "NET", "SHM")
 _TRANSPORT_COLOUR = {"P2P": "#1a7f37", "NVLS": "#2da44e", "COLLNET": "#0969da", "NET": "#9a6700", "SHM": "#cf222e"}
 
 
-def transport_order(kind: str) -> int:
-    """Best first: P2P, NVLS, COLLNET, NET, SHM (the fallback), then anything else."""
-    return TRANSPORT_ORDER.index(kind) if kind in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
-
-
 def transport_matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], str]]:
-    """Rank × peer → the transport classes NCCL logged for that pair (e.g. ``"P2P"``, ``"SHM"``,
-    ``"P2P+NET"`` when channels differ); from ``nccl.connections``."""
-    seen: dict[tuple[int, int], set[str]] = {}
-    for conn in (doc.get("nccl") or {}).get("connections", []):
-        if conn.get("rank") is None or conn.get("peer") is None:
-            continue
-        seen.setdefault((conn["rank"], conn["peer"]), set()).add(str(conn["transport"]).upper())
-    ranks = sorted({r for pair in seen for r in pair})
-    return ranks, {pair: "+".join(sorted(kinds, key=transport_order)) for pair, kinds in seen.items()}
+    """The ranks and :func:`~traceguard.report.nccl.pair_transports` of ``nccl.connections``."""
+    connections = (doc.get("nccl") or {}).get("connections", [])
+    pairs = pair_transports((c.get("rank"), c.get("peer"), c["transport"]) for c in connections)
+    return sorted({r for pair in pairs for r in pair}), pairs
 
 
 def transport_figure(doc: dict[str, Any]) -> go.Figure | None:

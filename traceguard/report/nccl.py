@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from traceguard.report.markdown import table as md_table
+
+TRANSPORT_ORDER = ("P2P", "NVLS", "COLLNET", "NET", "SHM")
+
+
+def transport_order(kind: str) -> int:
+    """Best first: P2P, NVLS, COLLNET, NET, SHM (the fallback), then anything else."""
+    return TRANSPORT_ORDER.index(kind) if kind in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
+
+
+def pair_transports(connections: Iterable[tuple[int | None, int | None, str]]) -> dict[tuple[int, int], str]:
+    """(rank, peer) → the transport classes NCCL logged for that pair, best first, joined by "+"
+    (``"P2P"``, ``"SHM"``, ``"P2P+NET"`` when channels differ); from (rank, peer, transport) rows."""
+    seen: dict[tuple[int, int], set[str]] = {}
+    for rank, peer, transport in connections:
+        if rank is not None and peer is not None:
+            seen.setdefault((rank, peer), set()).add(str(transport).upper())
+    return {pair: "+".join(sorted(kinds, key=transport_order)) for pair, kinds in sorted(seen.items())}
 
 
 def matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], set[str]]]:
