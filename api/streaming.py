@@ -8,6 +8,7 @@ thread per chunk, so the event loop only moves bytes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -122,25 +123,30 @@ class _Body:
     """The request body as chunks, remembering whether its end was seen (so a refusal can drain
     the rest without waiting for bytes that will never come)."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, limit: int) -> None:
         self._receive = request.receive
+        self.limit = limit
         self.ended = False
+        self.size = 0
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's chunks; TooLarge as soon as they add up to more than ``limit`` bytes."""
         while not self.ended:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 raise ClientDisconnect()
             self.ended = not message.get("more_body", False)
             if body := message.get("body", b""):
+                self.size += len(body)
+                if self.size > self.limit:
+                    raise TooLarge(f"the request is larger than the limit of {self.limit} bytes", self.limit)
                 yield body
 
     async def drain(self) -> None:
-        drained = 0
-        async for chunk in self.chunks():
-            drained += len(chunk)
-            if drained > DRAIN_BYTES:
-                break
+        self.limit = self.size + DRAIN_BYTES
+        with contextlib.suppress(TooLarge):
+            async for _ in self.chunks():
+                pass
 
 
 async def receive_upload(
@@ -155,18 +161,14 @@ async def receive_upload(
             request_limit,
         )
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
-    total = 0
+    body = _Body(request, request_limit)
     if content_type == b"multipart/form-data":
         boundary = params.get(b"boundary")
         if not boundary:
             raise ApiError(400, "invalid_request", "multipart/form-data without a boundary")
         sink = _MultipartSink(blobs, boundary, file_limit, rank)
-        body = _Body(request)
         try:
             async for chunk in body.chunks():
-                total += len(chunk)
-                if total > request_limit:
-                    raise TooLarge(f"the request is larger than the limit of {request_limit} bytes", request_limit)
                 await run_in_threadpool(sink.parser.write, chunk)
             await run_in_threadpool(sink.parser.finalize)
         except (TooLarge, InputError):
@@ -189,14 +191,10 @@ async def receive_upload(
             "upload files as multipart/form-data, or as application/octet-stream with ?name=FILE",
         )
     writer = blobs.writer(limit=file_limit, what=f"file {name or 'upload'!r}")
-    body = _Body(request)
     try:
         async for chunk in body.chunks():
-            total += len(chunk)
-            if total > request_limit:
-                raise TooLarge(f"the request is larger than the limit of {request_limit} bytes", request_limit)
             await run_in_threadpool(writer.write, chunk)
-        if total == 0:
+        if body.size == 0:
             raise InputError("the request body is empty")
         writer.finish()
     except (TooLarge, InputError):
