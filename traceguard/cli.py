@@ -498,8 +498,9 @@ def record_command(
                 for row, _ in intake.files:
                     err.print(f"stored {row.name} ({row.kind})")
             job, _ = jobs.enqueue(session, run)
-            job.status, job.attempts, job.worker = "running", 1, "cli"
             run_id, job_id = run.id, job.id
+        with ctx.factory() as session:  # the same claim and lease a service worker takes
+            jobs.claim(session, "cli", ctx.settings.job_lease_s, job_id=job_id)
         with err.status(f"analysing run {run_id}", spinner="dots"):
             status = execute(ctx, job_id, "cli")
         with ctx.factory() as session:

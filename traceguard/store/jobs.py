@@ -53,10 +53,13 @@ def get_job(session: Session, project_id: int, job_id: int) -> Job | None:
     return job if run is not None and run.project_id == project_id else None
 
 
-def claim(session: Session, worker: str, lease_s: float) -> Job | None:
-    """Take the oldest queued job, or None. Commits."""
+def claim(session: Session, worker: str, lease_s: float, *, job_id: int | None = None) -> Job | None:
+    """Take the oldest queued job (or job ``job_id``, if it is queued), or None. Commits."""
     for _ in range(5):
-        candidate = session.scalar(select(Job.id).where(Job.status == "queued").order_by(Job.id).limit(1))
+        query = select(Job.id).where(Job.status == "queued")
+        if job_id is not None:
+            query = query.where(Job.id == job_id)
+        candidate = session.scalar(query.order_by(Job.id).limit(1))
         if candidate is None:
             session.rollback()
             return None
