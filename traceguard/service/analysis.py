@@ -24,13 +24,12 @@ from typing import Any
 import orjson
 
 from traceguard.errors import TraceguardError
+from traceguard.ingest.uploads import CAPTURE_KINDS
 from traceguard.service.context import Context
 from traceguard.store import jobs, results
 from traceguard.store.db import transaction
 from traceguard.store.runs import input_key, run_files
 from traceguard.store.tables import File, Job, Run
-
-CAPTURE_KINDS = ("nsys-sqlite", "nsys-rep", "kineto")
 
 
 class AnalysisFailed(TraceguardError):
@@ -51,7 +50,7 @@ class _Spec:
     max_rows: int
 
 
-def _layout(job_dir: Path, ctx: Context, files: list[File]) -> _Spec:
+def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str) -> _Spec:
     """Link each blob as ``<job_dir>/<file id>/<name>``; the spec of what to analyse."""
     inputs: list[tuple[str, int | None]] = []
     side: dict[str, list[str]] = {}
@@ -65,7 +64,7 @@ def _layout(job_dir: Path, ctx: Context, files: list[File]) -> _Spec:
             inputs.append((str(link), f.rank))
         else:
             side.setdefault(f.kind, []).append(str(link))
-    return _Spec(inputs, side, "", str(ctx.cache_dir), ctx.settings.max_rows)
+    return _Spec(inputs, side, profile, str(ctx.cache_dir), ctx.settings.max_rows)
 
 
 def _resolved_ranks(doc: dict[str, Any], inputs_dir: Path) -> dict[int, int | None]:
@@ -110,8 +109,7 @@ def run_analysis(
     if work_dir.exists():
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True)
-    spec = _layout(work_dir / "inputs", ctx, files)
-    spec.profile = profile
+    spec = _layout(work_dir / "inputs", ctx, files, profile)
     out = work_dir / "result.json"
     spec_path = work_dir / "spec.json"
     spec_path.write_bytes(orjson.dumps(spec.__dict__))
