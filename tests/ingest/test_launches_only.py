@@ -137,3 +137,65 @@ def test_worker_split_in_launches_only_mode(share: float, unpacked, monkeypatch:
     parallel = read_nsys_sqlite(db, launches_only=True)
     assert spawned, "the worker was not used"
     assert parallel.gpu_ops.equals(serial.gpu_ops)
+
+
+def _edited(db: Path, tmp_path: Path, name: str, statements: list[str]) -> Path:
+    copy = tmp_path / f"{name}-{db.name}"
+    shutil.copyfile(db, copy)
+    with sqlite3.connect(copy) as conn:
+        for statement in statements:
+            assert conn.execute(statement).rowcount >= 1, statement
+    return copy
+
+
+def _plain_pid_device(db: Path, table: str) -> list[tuple[int | None, int]]:
+    """(pid, device) per row of ``table`` in table order, by plain SQL (nsys's GlobalId layout)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute(f"SELECT (globalPid >> 24) & 16777215, deviceId FROM {table} ORDER BY rowid").fetchall()
+
+
+FIRST_KERNEL = "(SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # packed as one value, with the null pid's own code
+        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = NULL WHERE rowid = {FIRST_KERNEL}",
+        # a device id the packing cannot hold: the table is read column by column
+        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = {1 << 25} WHERE rowid = {FIRST_KERNEL}",
+    ],
+    ids=["null-globalPid", "device-out-of-pack-range"],
+)
+def test_pid_and_device_as_plain_sql_reads_them(edit: str, unpacked, tmp_path: Path) -> None:
+    """The reader reads pid and device of a GPU op as one packed value; every row must still
+    carry exactly what the two columns say, including a null pid and a device id too large to pack."""
+    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    copy = _edited(db, tmp_path, "pid-device", [edit])
+    kernels = read_nsys_sqlite(copy, launches_only=True).gpu_ops.filter(pl.col("kind") == "kernel")
+    assert list(zip(kernels["pid"].to_list(), kernels["device"].to_list(), strict=True)) == _plain_pid_device(
+        copy, "CUPTI_ACTIVITY_KIND_KERNEL"
+    )
+
+
+def test_launch_with_correlation_id_beyond_32_bits(unpacked, tmp_path: Path) -> None:
+    """Launch rows carry correlation id and name as one value, which holds ids below 2^32 only;
+    a launch outside that range is found by the re-read, as the full read joins it."""
+    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    big = (1 << 32) + 7
+    with sqlite3.connect(db) as conn:
+        (correlation,) = conn.execute(
+            f"SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = {FIRST_KERNEL}"
+        ).fetchone()
+    copy = _edited(
+        db,
+        tmp_path,
+        "big-correlation",
+        [
+            f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET correlationId = {big} WHERE correlationId = {correlation}",
+            f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = {big} WHERE correlationId = {correlation}",
+        ],
+    )
+    fast = _same_as_full(copy)
+    moved = fast.gpu_ops.filter(pl.col("correlation_id") == big)
+    assert moved.height >= 1 and moved["launch_start"].null_count() == 0

@@ -183,7 +183,7 @@ def rank_from_name(path: Path) -> int | None:
 
 def gpu_processes(capture: model.Capture) -> list[int]:
     """Processes with GPU work, ordered by the lowest device they used (then pid)."""
-    ops = capture.gpu_ops.filter(pl.col("pid").is_not_null())
+    ops = capture.gpu_ops.select("pid", "device").filter(pl.col("pid").is_not_null())
     if ops.height == 0:
         return []
     first = ops.group_by("pid").agg(pl.col("device").min().alias("device")).sort(["device", "pid"])

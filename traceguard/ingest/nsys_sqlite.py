@@ -105,8 +105,12 @@ _ENV_KEEP = {
 _ENV_SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL")
 
 #: Rows per Arrow batch from ADBC. The driver's default (1024) spends ~30% of a 10 M-row read on
-#: per-batch overhead; 256 k rows (~2 MB per column) removes that and keeps batches small.
+#: per-batch overhead; 256 k rows (~2 MB per column) removes that and keeps text batches small.
 _BATCH_ROWS = 1 << 18
+#: Integer-only reads come as one batch (one chunk per column, read as fast and with no more
+#: memory): a frame whose columns share one chunk layout is never copied whole by Polars when a
+#: column is added (see :func:`model.add_columns`). Text is batched: its offsets are 32-bit.
+_INT_BATCH_ROWS = 1 << 30
 #: Above this many CUDA API rows (``max(rowid)``, exact enough) the API tables are read in a
 #: second process while this one reads the GPU tables: ADBC holds the GIL, so threads would not
 #: overlap, and the API tables are the largest in a capture (2-3 rows per GPU op).
@@ -115,9 +119,10 @@ PARALLEL_API_ROWS = 2_000_000
 #: reads only API rows; this process reads the GPU and NVTX tables (≈ as many bytes as 70% of the
 #: API rows on real captures) and then the rest.
 WORKER_SHARE = 0.7
-#: The same for the launches-only read, where the worker's rows (filtered to launch calls) cost
-#: it less each: measured on the 10 M-kernel capture, 0.92 has both processes finish together.
-LAUNCHES_WORKER_SHARE = 0.92
+#: The same for the launches-only read, where the worker's rows (filtered to launch calls, three
+#: values each) cost it less: measured on the 10 M-kernel capture, at 0.97 both processes finish
+#: together (at 0.92 the worker idled ~0.4 s while this process read the rest).
+LAUNCHES_WORKER_SHARE = 0.97
 
 #: CUDA API calls that put work on a GPU (kernel, cooperative and graph launches, every memcpy and
 #: memset variant, runtime and driver, any version or ``_ptsz``/``_ptds`` suffix). The
@@ -127,6 +132,20 @@ LAUNCH_API = re.compile(r"^cu(?:da)?(?:Launch|GraphLaunch|Memcpy|Memset)")
 #: Up to this many correlation ids of ops with no launch among the launch rows are re-read by
 #: id; more, and the API tables are read whole.
 REREAD_IDS = 20_000
+
+#: ``pid << 24 | deviceId`` of a GPU activity row in one integer, where pid is what
+#: :func:`_pid_of` takes from ``globalPid`` (:data:`_NO_PID` for a null ``globalPid``); NULL when
+#: ``deviceId`` is outside [0, 2^24), which sends the reader back to the plain columns.
+_NO_PID = 1 << 24
+PID_DEVICE_SQL = (
+    "CASE WHEN deviceId BETWEEN 0 AND 16777215 "
+    f"THEN (IFNULL((globalPid >> 24) & 16777215, {_NO_PID}) << 24) | deviceId END"
+)
+#: ``correlationId << 31 | nameId`` of a launch row in one integer; exact for correlation ids in
+#: [0, 2^32) and name ids in [0, 2^31) (the launch read keeps only such rows: an op whose launch
+#: falls outside is re-read by correlation id, see :meth:`_Reader.attach_launches`).
+_CORRELATION_NAME_SQL = "(correlationId << 31) | nameId"
+_CORRELATION_RANGE_SQL = "correlationId BETWEEN 0 AND 4294967295"
 
 _INT = "int"
 _TEXT = "text"
@@ -235,7 +254,7 @@ class _Reader:
         for attempt in ("plain", "cast"):
             sql = self._select(table, spec, where, cast=attempt == "cast")
             try:
-                frame = self._fetch(sql)
+                frame = self._fetch(sql, _INT_BATCH_ROWS if all(kind == _INT for _, _, kind in spec) else _BATCH_ROWS)
             except _ADBC_ERRORS as exc:
                 if attempt == "plain" and "type mismatch" in str(exc).lower():
                     continue
@@ -259,14 +278,14 @@ class _Reader:
         quoted = table.replace('"', '""')
         return f'SELECT {", ".join(parts)} FROM "{quoted}" {where}'
 
-    def _fetch(self, sql: str) -> pl.DataFrame:
+    def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS) -> pl.DataFrame:
         if _adbc is None:  # pragma: no cover
             cursor = self.conn.execute(sql)
             names = [d[0] for d in cursor.description]
             return pl.DataFrame(cursor.fetchall(), schema=names, orient="row", infer_schema_length=None)
         cursor = self._adbc_conn().cursor()
         try:
-            cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
+            cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
             cursor.execute(sql)
             table = cursor.fetch_arrow_table()
         finally:
@@ -447,7 +466,25 @@ class _Reader:
         ]
 
     def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]]) -> pl.DataFrame:
-        frame = self.bulk(table, self._gpu_spec(table, extra))
+        spec = self._gpu_spec(table, extra)
+        aliases = [alias for alias, _, _ in spec]
+        if {"device", "global_pid"} <= set(aliases):
+            # One value per row instead of two: the driver's cost is per value read (see
+            # PID_DEVICE_SQL). A row it cannot pack (a device id out of range) means the
+            # columns are read as they are.
+            packed = [("pid_device", PID_DEVICE_SQL, _INT) if a == "device" else (a, e, k) for a, e, k in spec]
+            frame = self.bulk(table, [item for item in packed if item[0] != "global_pid"])
+            if frame["pid_device"].null_count() == 0:
+                code = pl.col("pid_device")
+                pid = code // (1 << 24)
+                return frame.select(
+                    *(pl.col(a) for a in aliases[: aliases.index("device")]),
+                    (code % (1 << 24)).alias("device"),
+                    *(pl.col(a) for a in aliases[aliases.index("device") + 1 :] if a != "global_pid"),
+                    pl.when(pid == _NO_PID).then(None).otherwise(pid).alias("pid"),
+                )
+            del frame
+        frame = self.bulk(table, spec)
         if "global_pid" in frame.columns:
             frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
         return frame
@@ -583,8 +620,13 @@ class _Reader:
         ``condition`` (SQL) and, with ``launch_ids``, only calls of those names."""
         cols = self.columns(table)
         conditions = [condition] if condition else []
+        pack = False
         if launch_ids is not None and "nameId" in cols:
             conditions.append(f"nameId IN ({_int_list(launch_ids)})")
+            # Launch rows: correlation id and name as one value (the driver's cost is per value).
+            pack = "correlationId" in cols and all(0 <= i < (1 << 31) for i in launch_ids)
+            if pack:
+                conditions.append(_CORRELATION_RANGE_SQL)
         where = "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
         spec = [
             (alias, column, _INT)
@@ -596,7 +638,18 @@ class _Reader:
             )
             if column in cols
         ]
+        if pack:
+            spec = [item for item in spec if item[0] not in ("correlation_id", "name_id")]
+            spec.insert(1, ("correlation_name", _CORRELATION_NAME_SQL, _INT))
         frame = self.bulk(table, spec, where)
+        if pack:
+            code = pl.col("correlation_name")
+            frame = frame.select(
+                "start",
+                (code // (1 << 31)).alias("correlation_id"),
+                (code % (1 << 31)).alias("name_id"),
+                *(c for c in frame.columns if c not in ("start", "correlation_name")),
+            )
         if "global_tid" in frame.columns:
             tid = pl.col("global_tid")
             frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
@@ -616,14 +669,16 @@ class _Reader:
         keyed = gpu_ops["pid"].is_not_null() & gpu_ops["correlation_id"].is_not_null()
         missing = (rows.is_null() & keyed).arg_true()
         if missing.len() == 0:
-            return gpu_ops.with_columns(columns)
+            return model.add_columns(gpu_ops, columns)
         wanted = gpu_ops["correlation_id"].gather(missing).unique().sort()
         if wanted.len() > REREAD_IDS:
             return model.join_launches(gpu_ops, self.api_calls())
         parts = [(table, f"correlationId IN ({_int_list(wanted.to_list())})") for table in self.api_tables()]
         others = self.api_calls(parts)
         found = model.gather_launches(others, model.launch_rows(gpu_ops[missing], others))
-        return gpu_ops.with_columns(col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True))
+        return model.add_columns(
+            gpu_ops, (col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True))
+        )
 
     def start_api_calls(self, launch_ids: Sequence[int] | None = None) -> _PendingApiCalls:
         """Start reading the API tables in a second process when they are big and a core is free.

@@ -7,6 +7,7 @@ A metric the capture cannot support is ``None`` with its reason in ``null_reason
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from traceguard.metrics.steps import (
     step_spans,
     window_mask,
 )
-from traceguard.model import Capture
+from traceguard.model import Capture, add_columns
 
 
 @dataclass
@@ -51,7 +52,6 @@ def analyse_rank(
     step_patterns: Sequence[str] = DEFAULT_STEP_PATTERNS,
     ranks_analysed: int = 1,
 ) -> RankResult:
-    null: dict[str, str] = {}
     info = capture.info
     steps = find_steps(capture.ranges, step_patterns)
     phases = find_phases(capture.ranges, steps)
@@ -62,7 +62,49 @@ def analyse_rank(
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
     window = ops.lazy().filter(mask)
+    # The step table is the largest single piece and reads only ``ops``: it runs on a second
+    # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        step_table = pool.submit(_step_rows, steps, phases, ops, spans)
+        m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps)
+        step_rows, span_total, nccl_in_steps = step_table.result()
+    m["gpu_span_ns"] = span_total
+    m["nccl_step_ns"] = nccl_in_steps
+    step_count = steps.height
+    if not step_count:
+        m["nccl_share_of_step"] = None
+        null["nccl_share_of_step"] = _no_steps_reason(capture)
+    elif not span_total:
+        m["nccl_share_of_step"] = None
+        null["nccl_share_of_step"] = "no GPU work was launched inside the steps"
+    else:
+        m["nccl_share_of_step"] = nccl_in_steps / span_total
+    m["straggler_spread"] = None
+    null["straggler_spread"] = "needs the same steps from at least two ranks"  # = run.RANK_STRAGGLER_DEFAULT
 
+    if not info.has_gpu_trace:
+        _null_gpu_metrics(m, null)
+
+    models = _gpu_models(capture, window)
+    return RankResult(
+        rank=rank,
+        metrics=m,
+        null_reasons=null,
+        steps=step_rows,
+        collectives=nccl.collective_table(nccl_ops, ranks_analysed),
+        gpu_to_cpu_offenders=_offenders(window, capture),
+        health=_health(capture, ops, steps),
+        gpu_models=models,
+        spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
+    )
+
+
+def _window_metrics(
+    capture: Capture, ops: pl.DataFrame, mask: pl.Series, window: pl.LazyFrame, steps: pl.DataFrame
+) -> tuple[dict[str, Any], dict[str, str], pl.DataFrame]:
+    """The copy, payload and NCCL-kernel metrics, their null reasons, and the NCCL kernels of
+    the window (with their collective)."""
+    null: dict[str, str] = {}
     m: dict[str, Any] = copies.copy_counts(window)
     gpu_ops = m["gpu_ops"]
     m["gpu_to_cpu_copy_rate"] = (m["gpu_to_cpu_copies"] / gpu_ops) if gpu_ops else None
@@ -115,63 +157,38 @@ def analyse_rank(
     m["nccl_kernels"] = nccl_ops.height
     m["nccl_time_ns"] = int(nccl.nccl_time(window, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
     m["nccl_exposed_ns"] = nccl.exposed_time(ops, mask) if nccl_ops.height else 0
+    return m, null, nccl_ops
 
-    step_rows, span_total, nccl_in_steps = _step_rows(steps, phases, ops, spans)
-    m["gpu_span_ns"] = span_total
-    m["nccl_step_ns"] = nccl_in_steps
-    if not step_count:
-        m["nccl_share_of_step"] = None
-        null["nccl_share_of_step"] = _no_steps_reason(capture)
-    elif not span_total:
-        m["nccl_share_of_step"] = None
-        null["nccl_share_of_step"] = "no GPU work was launched inside the steps"
-    else:
-        m["nccl_share_of_step"] = nccl_in_steps / span_total
-    m["straggler_spread"] = None
-    null["straggler_spread"] = "needs the same steps from at least two ranks"  # = run.RANK_STRAGGLER_DEFAULT
 
-    if not info.has_gpu_trace:
-        # A CPU-only capture: every GPU-derived number is "not available", for one reason.
-        no_gpu = "the capture has no GPU activity trace (CPU-only job, or nsys without --trace=cuda)"
-        for key in (
-            "gpu_ops",
-            "gpu_to_cpu_copies",
-            "gpu_to_cpu_bytes",
-            "dtod_copies",
-            "dtod_bytes",
-            "peer_copies",
-            "peer_bytes",
-            "gpu_to_cpu_copy_rate",
-            "dtod_bytes_per_step",
-            "allreduce_bytes_per_step",
-            "dtod_to_gradient_ratio",
-            "pageable_host_share",
-            "nccl_share_of_step",
-            "nccl_kernels",
-            "nccl_time_ns",
-            "nccl_exposed_ns",
-            "gpu_span_ns",
-            "nccl_step_ns",
-            "dtod_bytes_in_steps",
-            "host_device_bytes",
-            "pageable_host_bytes",
-        ):
-            m[key] = None
-            null[key] = no_gpu
-        null["straggler_spread"] = no_gpu
-
-    models = _gpu_models(capture, window)
-    return RankResult(
-        rank=rank,
-        metrics=m,
-        null_reasons=null,
-        steps=step_rows,
-        collectives=nccl.collective_table(nccl_ops, ranks_analysed),
-        gpu_to_cpu_offenders=_offenders(window, capture),
-        health=_health(capture, ops, steps),
-        gpu_models=models,
-        spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
-    )
+def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
+    """A CPU-only capture: every GPU-derived number is "not available", for one reason."""
+    no_gpu = "the capture has no GPU activity trace (CPU-only job, or nsys without --trace=cuda)"
+    for key in (
+        "gpu_ops",
+        "gpu_to_cpu_copies",
+        "gpu_to_cpu_bytes",
+        "dtod_copies",
+        "dtod_bytes",
+        "peer_copies",
+        "peer_bytes",
+        "gpu_to_cpu_copy_rate",
+        "dtod_bytes_per_step",
+        "allreduce_bytes_per_step",
+        "dtod_to_gradient_ratio",
+        "pageable_host_share",
+        "nccl_share_of_step",
+        "nccl_kernels",
+        "nccl_time_ns",
+        "nccl_exposed_ns",
+        "gpu_span_ns",
+        "nccl_step_ns",
+        "dtod_bytes_in_steps",
+        "host_device_bytes",
+        "pageable_host_bytes",
+    ):
+        m[key] = None
+        null[key] = no_gpu
+    null["straggler_spread"] = no_gpu
 
 
 def _no_steps_reason(capture: Capture) -> str:
@@ -198,7 +215,7 @@ def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
         ["pid", "tid"],
     )
     # Only the wanted rows change (their msg_bytes was null): one column is rewritten, not the frame.
-    return ops.with_columns(ops["msg_bytes"].scatter(rows, found.cast(ops.schema["msg_bytes"])))
+    return add_columns(ops, [ops["msg_bytes"].scatter(rows, found.cast(ops.schema["msg_bytes"]))])
 
 
 def _step_rows(

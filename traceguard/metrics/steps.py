@@ -158,7 +158,7 @@ def attribute(
     step_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step_id")
     phase_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("phase_id")
     if not steps.height:
-        return ops.with_columns(step_id, phase_id)
+        return model.add_columns(ops, [step_id, phase_id])
     points = ops.select("pid", pl.col("launch_start").alias("_p"))
     step_ranges = steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id"))
     step_id = containing_ids(points, "_p", step_ranges, "step_id", ["pid"])
@@ -166,7 +166,7 @@ def attribute(
         points = points.with_columns(step_id)
         phase_ranges = phases.select("pid", "step_id", "start", "end", pl.col("phase_id").cast(pl.Int64))
         phase_id = containing_ids(points, "_p", phase_ranges, "phase_id", ["pid", "step_id"])
-    return ops.with_columns(step_id, phase_id)
+    return model.add_columns(ops, [step_id, phase_id])
 
 
 def step_spans(attributed: pl.DataFrame) -> pl.DataFrame:
