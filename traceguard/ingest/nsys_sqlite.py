@@ -622,7 +622,9 @@ class _Reader:
         conditions = [condition] if condition else []
         pack = False
         if launch_ids is not None and "nameId" in cols:
-            conditions.append(f"nameId IN ({_int_list(launch_ids)})")
+            # The range test first: SQLite skips the IN lookup (a b-tree probe) for names outside it.
+            low, high = (min(launch_ids), max(launch_ids)) if launch_ids else (0, -1)
+            conditions.append(f"nameId BETWEEN {int(low)} AND {int(high)} AND nameId IN ({_int_list(launch_ids)})")
             # Launch rows: correlation id and name as one value (the driver's cost is per value).
             pack = "correlationId" in cols and all(0 <= i < (1 << 31) for i in launch_ids)
             if pack:
