@@ -479,9 +479,9 @@ class _Reader:
                 pid = code // (1 << 24)
                 return frame.select(
                     *(pl.col(a) for a in aliases[: aliases.index("device")]),
-                    (code % (1 << 24)).alias("device"),
+                    (code % (1 << 24)).cast(model.GPU_OPS_SCHEMA["device"]).alias("device"),
                     *(pl.col(a) for a in aliases[aliases.index("device") + 1 :] if a != "global_pid"),
-                    pl.when(pid == _NO_PID).then(None).otherwise(pid).alias("pid"),
+                    pl.when(pid == _NO_PID).then(None).otherwise(pid).cast(model.GPU_OPS_SCHEMA["pid"]).alias("pid"),
                 )
             del frame
         frame = self.bulk(table, spec)
@@ -644,19 +644,21 @@ class _Reader:
             spec = [item for item in spec if item[0] not in ("correlation_id", "name_id")]
             spec.insert(1, ("correlation_name", _CORRELATION_NAME_SQL, _INT))
         frame = self.bulk(table, spec, where)
-        if pack:
-            code = pl.col("correlation_name")
-            frame = frame.select(
-                "start",
-                (code // (1 << 31)).alias("correlation_id"),
-                (code % (1 << 31)).alias("name_id"),
-                *(c for c in frame.columns if c not in ("start", "correlation_name")),
-            )
-        if "global_tid" in frame.columns:
-            tid = pl.col("global_tid")
-            frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
+        # Every column in its model type in one pass (one new array each, no intermediates).
         types = model.API_CALLS_SCHEMA
-        return frame.cast({name: types[name] for name in frame.columns})
+        columns: list[pl.Expr] = []
+        for name in frame.columns:
+            if name == "correlation_name":
+                code = pl.col(name)
+                columns.append((code // (1 << 31)).cast(types["correlation_id"]).alias("correlation_id"))
+                columns.append((code % (1 << 31)).cast(types["name_id"]).alias("name_id"))
+            elif name == "global_tid":
+                tid = pl.col(name)
+                columns.append(_pid_of(tid).cast(types["pid"]).alias("pid"))
+                columns.append(_tid_of(tid).cast(types["tid"]).alias("tid"))
+            else:
+                columns.append(pl.col(name).cast(types[name]))
+        return frame.select(columns)
 
     def attach_launches(self, gpu_ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
         """``gpu_ops`` plus the :data:`model.LAUNCH_SCHEMA` columns, from the launch rows read.

@@ -191,7 +191,11 @@ def window_mask(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFram
     """Per op: does it lie in the analysis window (see :func:`in_window`); all true without steps.
 
     A mask instead of a filtered copy: the window holds nearly every op of a capture, and its
-    users each read a few columns of it (``ops.lazy().filter(mask)``)."""
+    users each read a few columns of it (``ops.lazy().filter(mask)``).
+
+    When ``spans`` are :func:`step_spans` of ``ops`` (as here), an op attributed to a step lies
+    in that step's span by construction (the span runs from its ops' first start to their last
+    end, in their own process), so only the other ops are searched."""
     if spans.height == 0:
         return pl.repeat(True, ops.height, eager=True).alias("in_window")
     from traceguard.metrics.intervals import union_segments
@@ -202,14 +206,29 @@ def window_mask(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFram
         ),
         ["pid"],
     ).collect()
-    rows = containing_rows(ops, "start", window, ["pid"])
+    attributed = None
+    if "step_id" in ops.columns:  # (start <= end: an inverted or open op is searched like the rest)
+        sane = pl.col("step_id").is_not_null() & (pl.col("start") <= pl.col("end")).fill_null(False)
+        attributed = ops.select(sane.alias("in_window")).to_series()
+    if attributed is None or attributed.all():
+        rest, searched = ops, None
+    else:
+        searched = (~attributed).arg_true()
+        rest = ops[searched].select("pid", "start")
+    if attributed is not None and searched is None:
+        return attributed.alias("in_window")
+    rows = containing_rows(rest, "start", window, ["pid"])
     if rows is not None:
-        return pl.Series("in_window", rows >= 0)
-    inside = containing_ids(
-        ops,
-        "start",
-        window.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_window")),
-        "_window",
-        ["pid"],
-    )
-    return inside.is_not_null().alias("in_window")
+        inside = pl.Series("in_window", rows >= 0)
+    else:
+        inside = containing_ids(
+            rest,
+            "start",
+            window.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_window")),
+            "_window",
+            ["pid"],
+        ).is_not_null()
+    if searched is None:
+        return inside.alias("in_window")
+    assert attributed is not None
+    return attributed.scatter(searched, inside).alias("in_window")
