@@ -266,7 +266,12 @@ def count_kineto(path: Path) -> int:
 
 
 def warm_cache(path: Path) -> None:
-    """Read the file once so every tool starts from the same (warm) page cache."""
+    """Read the whole file (untimed) so the next command starts from a warm page cache.
+
+    Done before every measured command, not once: these VMs run DAMON, which pages out file
+    cache left idle for 30 s. ``nsys stats`` reads only the kernel and copy tables, so during its
+    ~25 s run the API table's pages went cold and the next command read ~125 MB from disk
+    (+1.5-3 s, measured with ``/usr/bin/time %I``)."""
     with path.open("rb") as fh:
         while fh.read(1 << 24):
             pass
@@ -289,9 +294,9 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
     if names is None:
         notes.append("nsys stats: no kernel/mem-size summary report names known to this nsys")
     before = fingerprint(db)
-    warm_cache(db)
     for i in range(repeat):
         if names:
+            warm_cache(db)
             stem = logs / f"nsys_stats.{i}"
             cmd = ["nsys", "stats", "--report", ",".join(names), "--format", "csv", "--output", "-"]
             cmd += ["--force-export=false", str(db)]
@@ -303,6 +308,7 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
             if fingerprint(db) != before:
                 notes.append("nsys stats modified the input file (see fingerprints)")
         if tg:
+            warm_cache(db)
             stem = logs / f"traceguard_nsys.{i}"
             report = logs / f"traceguard_nsys.{i}.report.json"
             report.unlink(missing_ok=True)
@@ -332,9 +338,9 @@ def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> 
     hta_dir = hta_dir_for(trace) if HTA_PY.exists() else None
     if hta_dir is None:
         notes.append(f"HTA venv missing ({HTA_PY}); see bench/README.md")
-    warm_cache(trace)
     for i in range(repeat):
         if hta_dir:
+            warm_cache(trace)
             stem = logs / f"hta.{i}"
             cmd = [str(HTA_PY), "-c", HTA_CODE, str(hta_dir)]
             r = measure(cmd, stem)
@@ -342,6 +348,7 @@ def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> 
             r["error"] = f"exit status {r['rc']}" if r["rc"] else None
             tools["HTA"].append(r)
             print(f"  HTA #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+        warm_cache(trace)
         stem = logs / f"json_load.{i}"
         cmd = [str(VENV_PY), "-c", JSON_LOAD_CODE, str(trace)]
         r = measure(cmd, stem)
@@ -350,6 +357,7 @@ def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> 
         tools["json.load"].append(r)
         print(f"  json.load #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
         if tg:
+            warm_cache(trace)
             stem = logs / f"traceguard_kineto.{i}"
             report = logs / f"traceguard_kineto.{i}.report.json"
             report.unlink(missing_ok=True)
@@ -419,7 +427,8 @@ def write_markdown(res: dict, path: Path) -> None:
         f"(git {m['traceguard_git'] or 'n/a'}{' + uncommitted changes' if m['traceguard_git_dirty'] else ''}, "
         f"sources sha256 {m['traceguard_src_sha256']}); polars {m['polars']}; Python {m['python']}; "
         f"SQLite {m['sqlite']}",
-        f"- Each command run {res['repeat']}× (interleaved), fresh process each time, warm page cache. "
+        f"- Each command run {res['repeat']}× (interleaved), fresh process each time, "
+        "right after an untimed read of its input (warm page cache). "
         "Wall: min / median. Peak RSS: max over runs. Ratio: median wall / reference median wall.",
         "",
         "| tool | input | wall s (min / median) | peak RSS MB | ratio vs ref | target | pass |",
