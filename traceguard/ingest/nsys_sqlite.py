@@ -467,8 +467,7 @@ class _Reader:
 
     def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]]) -> pl.DataFrame:
         spec = self._gpu_spec(table, extra)
-        aliases = [alias for alias, _, _ in spec]
-        if {"device", "global_pid"} <= set(aliases):
+        if {"device", "global_pid"} <= {alias for alias, _, _ in spec}:
             # One value per row instead of two: the driver's cost is per value read (see
             # PID_DEVICE_SQL). A row it cannot pack (a device id out of range) means the
             # columns are read as they are.
@@ -477,12 +476,10 @@ class _Reader:
             if frame["pid_device"].null_count() == 0:
                 code = pl.col("pid_device")
                 pid = code // (1 << 24)
-                return frame.select(
-                    *(pl.col(a) for a in aliases[: aliases.index("device")]),
+                return frame.with_columns(
                     (code % (1 << 24)).cast(model.GPU_OPS_SCHEMA["device"]).alias("device"),
-                    *(pl.col(a) for a in aliases[aliases.index("device") + 1 :] if a != "global_pid"),
                     pl.when(pid == _NO_PID).then(None).otherwise(pid).cast(model.GPU_OPS_SCHEMA["pid"]).alias("pid"),
-                )
+                ).drop("pid_device")
             del frame
         frame = self.bulk(table, spec)
         if "global_pid" in frame.columns:

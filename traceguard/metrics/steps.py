@@ -206,29 +206,14 @@ def window_mask(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFram
         ),
         ["pid"],
     ).collect()
-    attributed = None
-    if "step_id" in ops.columns:  # (start <= end: an inverted or open op is searched like the rest)
-        sane = pl.col("step_id").is_not_null() & (pl.col("start") <= pl.col("end")).fill_null(False)
-        attributed = ops.select(sane.alias("in_window")).to_series()
-    if attributed is None or attributed.all():
-        rest, searched = ops, None
-    else:
-        searched = (~attributed).arg_true()
-        rest = ops[searched].select("pid", "start")
-    if attributed is not None and searched is None:
-        return attributed.alias("in_window")
-    rows = containing_rows(rest, "start", window, ["pid"])
-    if rows is not None:
-        inside = pl.Series("in_window", rows >= 0)
-    else:
-        inside = containing_ids(
-            rest,
-            "start",
-            window.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_window")),
-            "_window",
-            ["pid"],
-        ).is_not_null()
-    if searched is None:
-        return inside.alias("in_window")
-    assert attributed is not None
-    return attributed.scatter(searched, inside).alias("in_window")
+    numbered = window.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_window"))
+    if "step_id" not in ops.columns:
+        return containing_ids(ops, "start", numbered, "_window", ["pid"]).is_not_null().alias("in_window")
+    # An inverted or open op (not start <= end) is searched like an unattributed one.
+    sane = pl.col("step_id").is_not_null() & (pl.col("start") <= pl.col("end")).fill_null(False)
+    attributed = ops.select(sane.alias("in_window")).to_series()
+    if attributed.all():
+        return attributed
+    searched = (~attributed).arg_true()
+    inside = containing_ids(ops.select("pid", "start")[searched], "start", numbered, "_window", ["pid"])
+    return attributed.scatter(searched, inside.is_not_null())
