@@ -195,7 +195,8 @@ def summarize(runs: list[dict]) -> dict:
 def source_digest() -> str:
     """Short hash of traceguard's sources: tells whether the code changed during a run."""
     h = hashlib.sha256()
-    for f in sorted((ROOT / "traceguard").rglob("*.py")):
+    files = [*(ROOT / "traceguard").rglob("*.py"), *(ROOT / "traceguard").rglob("*.c")]
+    for f in sorted(files):
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 

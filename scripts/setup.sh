@@ -16,6 +16,11 @@ fi
 if [ "${TRACEGUARD_SKIP_TORCH:-0}" != 1 ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q "torch==${TRACEGUARD_TORCH_VERSION:-2.13.0}"
 fi
+# The nsys reader's C loop (traceguard/ingest/_int_scan.c) builds against SQLite's header; without
+# it the package still installs and reads through ADBC, only slower.
+if [ ! -f /usr/include/sqlite3.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libsqlite3-dev >/dev/null
+fi
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   # nvtx 0.2.11: the last Python nvtx whose ranges nsys 2022.4 (Debian's) can read (NSYS.md).

@@ -5,9 +5,11 @@ The schema version is the compatibility axis, but rather than branching on it we
 tables and columns a file actually has: tables come and go (newer exporters omit empty ones),
 columns grow. Absent tables mean "not available"; unknown ones are ignored.
 
-Speed: event tables are read with ADBC straight into Arrow (≈4 s and ≈0.8 GB peak for 10 M
-kernel rows on 2 cores, where sqlite3 ``fetchall`` needs several times that in time and memory);
-only the small tables (metadata, enums, GPU info, processes) go through :mod:`sqlite3`. All
+Speed: integer columns of the event tables are read by a small C loop straight into Arrow
+buffers (:mod:`._int_scan`: ≈2.6 s for six columns of 10 M kernel rows on 2 cores, where ADBC
+needs 4.8 s and sqlite3 ``fetchall`` several times that in time and memory); text goes through
+ADBC into Arrow, and the small tables (metadata, enums, GPU info, processes) through
+:mod:`sqlite3`. Without the compiled loop (no C compiler at install) ADBC reads everything. All
 per-row work is vectorized in SQL or Polars. Safety: the file is opened read-only and hardened
 (:mod:`.sqlite_safe`), only real tables are read (never views), and every failure becomes an
 :class:`InputError`.
@@ -37,6 +39,7 @@ from traceguard.ingest.sqlite_safe import (
     open_readonly,
     readonly_uri,
     real_tables,
+    sqlite_limits,
     table_columns,
     wrap_sqlite_error,
 )
@@ -51,6 +54,14 @@ try:  # the declared dependency; the sqlite3 path below is the (slow) fallback
 except ImportError:  # pragma: no cover - adbc-driver-sqlite is a hard dependency
     _adbc = None
     _ADBC_ERRORS = (OSError,)
+
+try:  # built at install when a C compiler and SQLite's header are there (setup.py)
+    from traceguard.ingest import _int_scan
+except ImportError:  # pragma: no cover - exercised by forcing the fallback in tests
+    _int_scan = None
+
+#: What a failed read raises, whichever reader ran.
+_READ_ERRORS: tuple[type[Exception], ...] = (*_ADBC_ERRORS, *((_int_scan.Error,) if _int_scan else ()))
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -110,6 +121,7 @@ _BATCH_ROWS = 1 << 18
 #: Integer-only reads come as one batch (one chunk per column, read as fast and with no more
 #: memory): a frame whose columns share one chunk layout is never copied whole by Polars when a
 #: column is added (see :func:`model.add_columns`). Text is batched: its offsets are 32-bit.
+#: (The C reader always returns one chunk per column.)
 _INT_BATCH_ROWS = 1 << 30
 #: Above this many CUDA API rows (``max(rowid)``, exact enough) the API tables are read in a
 #: second process while this one reads the GPU tables: ADBC holds the GIL, so threads would not
@@ -119,10 +131,9 @@ PARALLEL_API_ROWS = 2_000_000
 #: reads only API rows; this process reads the GPU and NVTX tables (≈ as many bytes as 70% of the
 #: API rows on real captures) and then the rest.
 WORKER_SHARE = 0.7
-#: The same for the launches-only read, where the worker's rows (filtered to launch calls, three
-#: values each) cost it less: measured on the 10 M-kernel capture, at 0.97 both processes finish
-#: together (at 0.92 the worker idled ~0.4 s while this process read the rest).
-LAUNCHES_WORKER_SHARE = 0.97
+#: The same for the launches-only read, where the worker's rows (filtered to launch calls) cost
+#: it less; set so that both processes finish together on the 10 M-kernel capture.
+LAUNCHES_WORKER_SHARE = 0.83
 
 #: CUDA API calls that put work on a GPU (kernel, cooperative and graph launches, every memcpy and
 #: memset variant, runtime and driver, any version or ``_ptsz``/``_ptds`` suffix). The
@@ -132,20 +143,6 @@ LAUNCH_API = re.compile(r"^cu(?:da)?(?:Launch|GraphLaunch|Memcpy|Memset)")
 #: Up to this many correlation ids of ops with no launch among the launch rows are re-read by
 #: id; more, and the API tables are read whole.
 REREAD_IDS = 20_000
-
-#: ``pid << 24 | deviceId`` of a GPU activity row in one integer, where pid is what
-#: :func:`_pid_of` takes from ``globalPid`` (:data:`_NO_PID` for a null ``globalPid``); NULL when
-#: ``deviceId`` is outside [0, 2^24), which sends the reader back to the plain columns.
-_NO_PID = 1 << 24
-PID_DEVICE_SQL = (
-    "CASE WHEN deviceId BETWEEN 0 AND 16777215 "
-    f"THEN (IFNULL((globalPid >> 24) & 16777215, {_NO_PID}) << 24) | deviceId END"
-)
-#: ``correlationId << 31 | nameId`` of a launch row in one integer; exact for correlation ids in
-#: [0, 2^32) and name ids in [0, 2^31) (the launch read keeps only such rows: an op whose launch
-#: falls outside is re-read by correlation id, see :meth:`_Reader.attach_launches`).
-_CORRELATION_NAME_SQL = "(correlationId << 31) | nameId"
-_CORRELATION_RANGE_SQL = "correlationId BETWEEN 0 AND 4294967295"
 
 _INT = "int"
 _TEXT = "text"
@@ -203,14 +200,15 @@ def read_nsys_sqlite(path: Path, *, source_path: str | None = None, launches_onl
         return capture
     except sqlite3.Error as exc:
         raise wrap_sqlite_error(shown, exc) from exc
-    except _ADBC_ERRORS as exc:
+    except _READ_ERRORS as exc:
         raise wrap_sqlite_error(shown, exc) from exc
     finally:
         reader.close()
 
 
 class _Reader:
-    """One read of one file: the sqlite3 connection for small tables, ADBC for event tables."""
+    """One read of one file: the sqlite3 connection for small tables, the C reader (or ADBC)
+    for event tables' integers, ADBC for their text."""
 
     def __init__(self, conn: sqlite3.Connection, db: Path, shown: str, *, launches_only: bool = False) -> None:
         self.launches_only = launches_only
@@ -246,11 +244,15 @@ class _Reader:
     def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str = "") -> pl.DataFrame:
         """Read ``spec`` = [(alias, SQL expression over existing columns, kind)] from ``table``.
 
-        Goes through ADBC/Arrow. ADBC infers each column's type from the first rows and fails
+        Integers only: the C reader, which takes a non-integer value as ``CAST(x AS INTEGER)``
+        does. Otherwise ADBC/Arrow. ADBC infers each column's type from the first rows and fails
         if a later row differs (NULLs first, text later), so text and blobs are made non-null in
         SQL (with a ``<alias>__null`` flag for text) and, on a type mismatch, integer columns are
-        CAST explicitly and the query retried (≈25% slower, so not the default).
+        CAST explicitly and the query retried (≈25% slower, so not the default); both readers
+        give the same values.
         """
+        if _int_scan is not None and all(kind == _INT for _, _, kind in spec):
+            return scan_ints(self.db, self._select(table, spec, where, cast=False))
         for attempt in ("plain", "cast"):
             sql = self._select(table, spec, where, cast=attempt == "cast")
             try:
@@ -466,22 +468,7 @@ class _Reader:
         ]
 
     def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]]) -> pl.DataFrame:
-        spec = self._gpu_spec(table, extra)
-        if {"device", "global_pid"} <= {alias for alias, _, _ in spec}:
-            # One value per row instead of two: the driver's cost is per value read (see
-            # PID_DEVICE_SQL). A row it cannot pack (a device id out of range) means the
-            # columns are read as they are.
-            packed = [("pid_device", PID_DEVICE_SQL, _INT) if a == "device" else (a, e, k) for a, e, k in spec]
-            frame = self.bulk(table, [item for item in packed if item[0] != "global_pid"])
-            if frame["pid_device"].null_count() == 0:
-                code = pl.col("pid_device")
-                pid = code // (1 << 24)
-                return frame.with_columns(
-                    (code % (1 << 24)).cast(model.GPU_OPS_SCHEMA["device"]).alias("device"),
-                    pl.when(pid == _NO_PID).then(None).otherwise(pid).cast(model.GPU_OPS_SCHEMA["pid"]).alias("pid"),
-                ).drop("pid_device")
-            del frame
-        frame = self.bulk(table, spec)
+        frame = self.bulk(table, self._gpu_spec(table, extra))
         if "global_pid" in frame.columns:
             frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
         return frame
@@ -617,15 +604,10 @@ class _Reader:
         ``condition`` (SQL) and, with ``launch_ids``, only calls of those names."""
         cols = self.columns(table)
         conditions = [condition] if condition else []
-        pack = False
         if launch_ids is not None and "nameId" in cols:
             # The range test first: SQLite skips the IN lookup (a b-tree probe) for names outside it.
             low, high = (min(launch_ids), max(launch_ids)) if launch_ids else (0, -1)
             conditions.append(f"nameId BETWEEN {int(low)} AND {int(high)} AND nameId IN ({_int_list(launch_ids)})")
-            # Launch rows: correlation id and name as one value (the driver's cost is per value).
-            pack = "correlationId" in cols and all(0 <= i < (1 << 31) for i in launch_ids)
-            if pack:
-                conditions.append(_CORRELATION_RANGE_SQL)
         where = "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
         spec = [
             (alias, column, _INT)
@@ -637,19 +619,12 @@ class _Reader:
             )
             if column in cols
         ]
-        if pack:
-            spec = [item for item in spec if item[0] not in ("correlation_id", "name_id")]
-            spec.insert(1, ("correlation_name", _CORRELATION_NAME_SQL, _INT))
         frame = self.bulk(table, spec, where)
         # Every column in its model type in one pass (one new array each, no intermediates).
         types = model.API_CALLS_SCHEMA
         columns: list[pl.Expr] = []
         for name in frame.columns:
-            if name == "correlation_name":
-                code = pl.col(name)
-                columns.append((code // (1 << 31)).cast(types["correlation_id"]).alias("correlation_id"))
-                columns.append((code % (1 << 31)).cast(types["name_id"]).alias("name_id"))
-            elif name == "global_tid":
+            if name == "global_tid":
                 tid = pl.col(name)
                 columns.append(_pid_of(tid).cast(types["pid"]).alias("pid"))
                 columns.append(_tid_of(tid).cast(types["tid"]).alias("tid"))
@@ -689,7 +664,7 @@ class _Reader:
         evens out the two processes' work. Rows keep their order: worker part, then the rest.
         """
         tables = self.api_tables()
-        if _adbc is None or not sys.executable or _free_cores() < 2 or not tables:
+        if (_adbc is None and _int_scan is None) or not sys.executable or _free_cores() < 2 or not tables:
             return _PendingApiCalls(None, [])
         bounds: dict[str, tuple[str, int, int]] = {}
         for table in tables:
@@ -883,6 +858,26 @@ def _release_free_memory() -> None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
+
+
+def scan_ints(db: Path, sql: str) -> pl.DataFrame:
+    """Every column of ``sql`` on ``db`` as Int64, by the C reader (opened read-only and
+    hardened like :func:`.sqlite_safe.open_readonly`)."""
+    assert _int_scan is not None
+    return int_frame(*_int_scan.scan(readonly_uri(db), sql, SAFE_PRAGMAS, sqlite_limits()))
+
+
+def int_frame(names: list[str], columns: list[tuple[Any, Any]], rows: int) -> pl.DataFrame:
+    """The C reader's result as a frame over its buffers (no copy; one chunk per column)."""
+    import pyarrow as pa
+
+    arrays = [
+        pa.Array.from_buffers(pa.int64(), rows, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)])
+        for data, valid in columns
+    ]
+    frame = pl.from_arrow(pa.Table.from_arrays(arrays, names=names), rechunk=False)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
 
 
 def _int_list(values: Sequence[int]) -> str:

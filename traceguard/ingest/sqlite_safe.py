@@ -103,13 +103,16 @@ def wrap_sqlite_error(path: Path | str, exc: BaseException) -> InputError:
     )
 
 
+def sqlite_limits() -> list[tuple[int, int]]:
+    """:data:`_LIMITS` as (SQLite's category number, value) pairs, for readers outside :mod:`sqlite3`."""
+    return [(category, value) for name, value in _LIMITS if (category := getattr(sqlite3, name, None)) is not None]
+
+
 def _apply_limits(conn: sqlite3.Connection) -> None:
     if not hasattr(conn, "setlimit"):  # Python < 3.11
         return
-    for name, value in _LIMITS:
-        category = getattr(sqlite3, name, None)
-        if category is not None:
-            conn.setlimit(category, value)
+    for category, value in sqlite_limits():
+        conn.setlimit(category, value)
 
 
 def open_readonly(path: Path, *, quick_check: bool = False, deadline: float | None = None) -> sqlite3.Connection:

@@ -1,0 +1,32 @@
+"""Build script: the packages and the one C extension (metadata lives in pyproject.toml).
+
+The extension is optional: without a C compiler or SQLite's header (Debian: libsqlite3-dev) the
+package still installs, and the nsys reader uses ADBC for integer columns too (slower; see
+``traceguard/ingest/_int_scan.c``).
+"""
+
+from setuptools import Extension, find_namespace_packages, setup
+
+setup(
+    packages=[
+        *find_namespace_packages(include=["traceguard", "traceguard.*", "api", "api.*"], exclude=["*.__pycache__"]),
+        "traceguard._profiles",
+        "traceguard._schema",
+    ],
+    # The checklist profiles and the JSON Schemas of the public documents ship inside the package.
+    package_dir={"traceguard._profiles": "profiles", "traceguard._schema": "docs"},
+    package_data={
+        "api.templates": ["*.html"],
+        "traceguard._profiles": ["*.toml"],
+        "traceguard._schema": ["*.schema.json"],
+        "traceguard.store.migrations": ["script.py.mako"],
+    },
+    ext_modules=[
+        Extension(
+            "traceguard.ingest._int_scan",
+            sources=["traceguard/ingest/_int_scan.c"],
+            libraries=["sqlite3"],
+            optional=True,
+        )
+    ],
+)

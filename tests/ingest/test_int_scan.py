@@ -1,0 +1,197 @@
+"""The C reader of integer columns (``traceguard/ingest/_int_scan.c``) against SQLite itself.
+
+Expected values come from plain ``sqlite3`` on the same file; the reader must agree value for
+value (nulls included, also past its buffer growth), open files read-only, apply the hardening
+it is given, and fail with SQLite's message. The whole nsys reader must give the same capture
+with it as with its ADBC fallback, on every public fixture and on our own H200 captures.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from tests.conftest import OWN, PUBLIC_NSYS
+from traceguard.errors import InputError
+from traceguard.ingest import nsys_sqlite
+from traceguard.ingest.sqlite_safe import SAFE_PRAGMAS, readonly_uri, sqlite_limits
+
+_int_scan = nsys_sqlite._int_scan
+
+if _int_scan is None and os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+    pytest.fail(
+        "traceguard.ingest._int_scan was not built (TRACEGUARD_REQUIRE_NATIVE=1): install gcc and "
+        "libsqlite3-dev, then `pip install -e .` again",
+        pytrace=False,
+    )
+pytestmark = pytest.mark.skipif(_int_scan is None, reason="the C reader was not built (no compiler at install)")
+
+#: Rows the reader starts with before it grows its buffers (FIRST_ROWS in the C file).
+FIRST_ROWS = 65536
+
+
+def _scan(db: Path, sql: str, *, setup: tuple[str, ...] = SAFE_PRAGMAS, limits=None) -> pl.DataFrame:
+    """The reader's result as a frame, through the same Arrow wrapping the nsys reader uses."""
+    if setup is SAFE_PRAGMAS and limits is None:
+        return nsys_sqlite.scan_ints(db, sql)
+    limits = sqlite_limits() if limits is None else limits
+    return nsys_sqlite.int_frame(*_int_scan.scan(readonly_uri(db), sql, setup, limits))
+
+
+def _truth(db: Path, sql: str) -> pl.DataFrame:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        cursor = conn.execute(sql)
+        names = [d[0] for d in cursor.description]
+        rows = cursor.fetchall()
+    finally:
+        conn.close()
+    return pl.DataFrame(rows, schema={name: pl.Int64 for name in names}, orient="row")
+
+
+@pytest.fixture
+def numbers(tmp_path: Path) -> Path:
+    """300 k rows: one column never null, one null on a pattern that crosses every buffer growth
+    (first null only after the first growth), one null from row 0, and extreme values."""
+    db = tmp_path / "numbers.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (a INTEGER NOT NULL, b INTEGER, c INTEGER, d INTEGER)")
+    conn.executemany(
+        "INSERT INTO t VALUES (?, ?, ?, ?)",
+        (
+            (
+                i * 7919 - 10**12,
+                None if (i > FIRST_ROWS + 5 and i % 1009 == 3) else i,
+                None if i % 3 == 0 else -i,
+                (2**63 - 1) if i % 2 else -(2**63),
+            )
+            for i in range(300_000)
+        ),
+    )
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_values_and_nulls_match_sqlite(numbers: Path) -> None:
+    sql = "SELECT a, b, c, d FROM t"
+    got = _scan(numbers, sql)
+    assert_frame_equal(got, _truth(numbers, sql))
+    # The null pattern really started after the first growth and kept going past later ones.
+    nulls = got["b"].is_null().arg_true()
+    assert nulls.min() > FIRST_ROWS and nulls.max() > 4 * FIRST_ROWS
+    assert got["a"].null_count() == 0 and got["c"].null_count() == 100_000
+
+
+def test_filtered_expressions_and_empty_results(numbers: Path) -> None:
+    for sql in (
+        "SELECT a + d % 1000 AS mixed, b >> 2 AS shifted FROM t WHERE c IS NOT NULL AND a % 5 = 1",
+        "SELECT a FROM t WHERE a > 10 AND a < 0",
+        "SELECT count(*) AS n, sum(b) AS s FROM t",
+    ):
+        got = _scan(numbers, sql)
+        assert_frame_equal(got, _truth(numbers, sql))
+    assert _scan(numbers, "SELECT a, b FROM t WHERE 0").shape == (0, 2)
+
+
+def test_non_integers_read_as_sql_cast_reads_them(tmp_path: Path) -> None:
+    """Text, real and blob values where integers belong: the reader gives what
+    ``CAST(x AS INTEGER)`` gives (what the ADBC path's retry with CAST gives)."""
+    db = tmp_path / "mixed.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    values = [12, "12abc", "x", 2.5, -7.9, b"42", "  9 ", None, 2**62, "9223372036854775807"]
+    conn.executemany("INSERT INTO t VALUES (?)", [(v,) for v in values])
+    conn.commit()
+    conn.close()
+    assert_frame_equal(
+        _scan(db, "SELECT x FROM t").rename({"x": "v"}),
+        _truth(db, "SELECT CAST(x AS INTEGER) AS v FROM t"),
+    )
+
+
+def test_buffers_outlive_the_call_and_frame(numbers: Path) -> None:
+    """The Arrow arrays keep the reader's memory alive after every other reference is gone."""
+    import gc
+
+    frame = _scan(numbers, "SELECT a, c FROM t")
+    series = frame["c"]
+    del frame
+    gc.collect()
+    assert series.sum() == -sum(i for i in range(300_000) if i % 3)
+
+
+def test_opens_read_only_whatever_the_uri_says(numbers: Path) -> None:
+    before = numbers.read_bytes()
+    uri = f"file:{numbers}?mode=rwc"
+    with pytest.raises(_int_scan.Error, match="cannot open the database"):
+        _int_scan.scan(uri, "SELECT a FROM t")
+    with pytest.raises(_int_scan.Error, match="would write"):
+        _int_scan.scan(readonly_uri(numbers), "DELETE FROM t RETURNING a")
+    with pytest.raises(_int_scan.Error, match="cannot open the database"):
+        _int_scan.scan(readonly_uri(numbers.with_name("absent.sqlite")), "SELECT 1")
+    assert numbers.read_bytes() == before
+    assert not numbers.with_name("absent.sqlite").exists()
+
+
+def test_setup_statements_and_limits_apply(numbers: Path) -> None:
+    with pytest.raises(_int_scan.Error, match="cannot prepare the connection: no such table"):
+        _int_scan.scan(readonly_uri(numbers), "SELECT a FROM t", ("SELECT * FROM nowhere",))
+    # The lowered SQL length limit (1 MB) refuses a longer query, as the sqlite3 connection does.
+    long_sql = "SELECT a FROM t WHERE a IN (" + ",".join(["1"] * 600_000) + ")"
+    with pytest.raises(_int_scan.Error, match=r"too big|too long"):
+        _int_scan.scan(readonly_uri(numbers), long_sql, SAFE_PRAGMAS, sqlite_limits())
+    got = _scan(numbers, "SELECT count(*) AS n FROM t", setup=("PRAGMA query_only=ON",), limits=[])
+    assert got["n"].to_list() == [300_000]
+
+
+def test_errors_carry_sqlite_s_message(numbers: Path, tmp_path: Path) -> None:
+    with pytest.raises(_int_scan.Error, match="cannot prepare the query: no such table: nope"):
+        _int_scan.scan(readonly_uri(numbers), "SELECT a FROM nope")
+    with pytest.raises(_int_scan.Error, match="between 1 and 64 columns"):
+        _int_scan.scan(readonly_uri(numbers), "SELECT " + ", ".join(["a"] * 65) + " FROM t")
+    with pytest.raises(TypeError):
+        _int_scan.scan(readonly_uri(numbers), "SELECT a FROM t", [1, 2])
+    with pytest.raises(TypeError):
+        _int_scan.scan(readonly_uri(numbers), "SELECT a FROM t", (), [("x", 1)])
+
+
+def test_a_damaged_file_fails_as_input_error(tmp_path: Path, unpacked) -> None:
+    """A file whose pages were overwritten mid-table: the reader stops with SQLite's error and
+    the nsys reader turns it into an InputError, as it does for ADBC."""
+    source = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    data = bytearray(source.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+    conn.close()
+    start = root * page_size  # the page after the table's root: one of its interior or leaf pages
+    data[start : start + page_size] = b"\xa5" * page_size
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(_int_scan.Error):
+        _int_scan.scan(readonly_uri(broken), "SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    with pytest.raises(InputError, match=r"damaged|could not be read"):
+        nsys_sqlite.read_nsys_sqlite(broken)
+
+
+NSYS_FILES = [*PUBLIC_NSYS, *sorted(OWN.glob("h200/*_nsys*/cap_*.sqlite.gz"))]
+
+
+@pytest.mark.parametrize("path", NSYS_FILES, ids=[f"{p.parent.name}/{p.name}" for p in NSYS_FILES])
+@pytest.mark.parametrize("launches_only", [False, True], ids=["full", "launches"])
+def test_the_nsys_reader_gives_the_same_capture_with_adbc(
+    path: Path, launches_only: bool, unpacked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = unpacked(path)
+    with_c = nsys_sqlite.read_nsys_sqlite(db, launches_only=launches_only)
+    monkeypatch.setattr(nsys_sqlite, "_int_scan", None)
+    with_adbc = nsys_sqlite.read_nsys_sqlite(db, launches_only=launches_only)
+    assert with_c.info == with_adbc.info
+    for name in ("gpu_ops", "api_calls", "ranges", "devices", "processes", "strings"):
+        assert_frame_equal(getattr(with_c, name), getattr(with_adbc, name), check_exact=True)
