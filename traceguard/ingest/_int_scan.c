@@ -212,7 +212,7 @@ static int string_list(PyObject *sequence, const char ***out, Py_ssize_t *count,
     PyObject *fast = PySequence_Fast(sequence, "setup must be a sequence of str");
     if (fast == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    const char **items = PyMem_Calloc(n ? n : 1, sizeof(char *));
+    const char **items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
     if (items == NULL) {
         Py_DECREF(fast);
         PyErr_NoMemory();
@@ -304,8 +304,8 @@ static PyObject *scan(PyObject *module, PyObject *args, PyObject *kwargs) {
         PyObject *fast = PySequence_Fast(limits_arg, "limits must be a sequence of (category, value) pairs");
         if (fast == NULL) goto fail_args;
         n_limits = PySequence_Fast_GET_SIZE(fast);
-        limit_ids = PyMem_Calloc(n_limits ? n_limits : 1, sizeof(int));
-        limit_values = PyMem_Calloc(n_limits ? n_limits : 1, sizeof(int));
+        limit_ids = PyMem_Calloc(n_limits ? (size_t)n_limits : 1, sizeof(int));
+        limit_values = PyMem_Calloc(n_limits ? (size_t)n_limits : 1, sizeof(int));
         if (limit_ids == NULL || limit_values == NULL) {
             Py_DECREF(fast);
             PyErr_NoMemory();
