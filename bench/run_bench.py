@@ -69,6 +69,9 @@ with open(sys.argv[1], "rb") as f:
 print(len(d["traceEvents"]), "events")
 """
 
+#: Which reader traceguard's nsys integer columns go through.
+READER_CODE = "from traceguard.ingest import nsys_sqlite as n; print('C' if n._int_scan else 'ADBC')"
+
 #: Measures one command in a fresh process: prints {"wall": s, "maxrss_kb": kb, "rc": rc}.
 MEASURE_CODE = """
 import json, resource, subprocess, sys, time
@@ -235,6 +238,8 @@ def machine_facts(names: tuple[str, str] | None) -> dict:
         "traceguard_git": sh(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "traceguard_git_dirty": bool(sh(["git", "-C", str(ROOT), "status", "--porcelain", "--", "traceguard"])),
         "traceguard_src_sha256": source_digest(),
+        # Which reader the nsys integer columns went through (the C loop is optional at install).
+        "traceguard_nsys_reader": sh([str(VENV_PY), "-c", READER_CODE], cwd=ROOT),
         "hta": hta_version,
         "hta_python": sh([str(HTA_PY), "--version"]) if HTA_PY.exists() else "",
     }
@@ -426,7 +431,8 @@ def write_markdown(res: dict, path: Path) -> None:
         f"- nsys: {m['nsys']} (reports: {', '.join(m['nsys_reports'] or ['none'])}); "
         f"HTA {m['hta'] or 'n/a'} ({m['hta_python']}); traceguard {m['traceguard'] or 'n/a'} "
         f"(git {m['traceguard_git'] or 'n/a'}{' + uncommitted changes' if m['traceguard_git_dirty'] else ''}, "
-        f"sources sha256 {m['traceguard_src_sha256']}); polars {m['polars']}; Python {m['python']}; "
+        f"sources sha256 {m['traceguard_src_sha256']}; nsys integer reader: "
+        f"{m.get('traceguard_nsys_reader') or 'n/a'}); polars {m['polars']}; Python {m['python']}; "
         f"SQLite {m['sqlite']}",
         f"- Each command run {res['repeat']}× (interleaved), fresh process each time, "
         "right after an untimed read of its input (warm page cache). "

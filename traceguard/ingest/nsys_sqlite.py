@@ -124,8 +124,10 @@ _BATCH_ROWS = 1 << 18
 #: (The C reader always returns one chunk per column.)
 _INT_BATCH_ROWS = 1 << 30
 #: Above this many CUDA API rows (``max(rowid)``, exact enough) the API tables are read in a
-#: second process while this one reads the GPU tables: ADBC holds the GIL, so threads would not
-#: overlap, and the API tables are the largest in a capture (2-3 rows per GPU op).
+#: second process while this one reads the GPU tables: the API tables are the largest in a capture
+#: (2-3 rows per GPU op). Not a thread, though both readers release the GIL: on the 10 M-kernel
+#: capture a thread read no faster (5.0-5.7 s against 5.0-5.2 s), though it saves the worker's
+#: interpreter start; likely the two readers' page faults and one shared Polars pool.
 PARALLEL_API_ROWS = 2_000_000
 #: The worker's share of the largest API table. The worker starts an interpreter (≈0.5 s) and
 #: reads only API rows; this process reads the GPU and NVTX tables (≈ as many bytes as 70% of the
