@@ -28,6 +28,9 @@ from traceguard.metrics.steps import (
 )
 from traceguard.model import Capture, add_columns
 
+#: Why one rank alone has no straggler spread; the run replaces it when it has the ranks.
+STRAGGLER_NEEDS_RANKS = "needs the same steps from at least two ranks"
+
 
 @dataclass
 class RankResult:
@@ -80,7 +83,7 @@ def analyse_rank(
     else:
         m["nccl_share_of_step"] = nccl_in_steps / span_total
     m["straggler_spread"] = None
-    null["straggler_spread"] = "needs the same steps from at least two ranks"  # = run.RANK_STRAGGLER_DEFAULT
+    null["straggler_spread"] = STRAGGLER_NEEDS_RANKS
 
     if not info.has_gpu_trace:
         _null_gpu_metrics(m, null)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from traceguard.metrics.rank import RankResult
+from traceguard.metrics.rank import STRAGGLER_NEEDS_RANKS, RankResult
 
 SUMMED = (
     "gpu_ops",
@@ -33,9 +33,6 @@ SUMMED = (
     "host_device_bytes",
     "pageable_host_bytes",
 )
-
-
-RANK_STRAGGLER_DEFAULT = "needs the same steps from at least two ranks"
 
 
 @dataclass
@@ -122,7 +119,7 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
             if len(ranks) < 2
             else (
                 reason
-                if (reason := _first_reason(ranks, "straggler_spread")) != RANK_STRAGGLER_DEFAULT
+                if (reason := _first_reason(ranks, "straggler_spread")) != STRAGGLER_NEEDS_RANKS
                 else "no step index was found on two or more ranks"
             )
         )
