@@ -253,12 +253,13 @@ class _Reader:
         CAST explicitly and the query retried (≈25% slower, so not the default); both readers
         give the same values.
         """
-        if _int_scan is not None and all(kind == _INT for _, _, kind in spec):
+        ints_only = all(kind == _INT for _, _, kind in spec)
+        if ints_only and _int_scan is not None:
             return scan_ints(self.db, self._select(table, spec, where, cast=False))
         for attempt in ("plain", "cast"):
             sql = self._select(table, spec, where, cast=attempt == "cast")
             try:
-                frame = self._fetch(sql, _INT_BATCH_ROWS if all(kind == _INT for _, _, kind in spec) else _BATCH_ROWS)
+                frame = self._fetch(sql, _INT_BATCH_ROWS if ints_only else _BATCH_ROWS)
             except _ADBC_ERRORS as exc:
                 if attempt == "plain" and "type mismatch" in str(exc).lower():
                     continue
