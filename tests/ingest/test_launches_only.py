@@ -160,16 +160,16 @@ FIRST_KERNEL = "(SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
 @pytest.mark.parametrize(
     "edit",
     [
-        # packed as one value, with the null pid's own code
+        # a null globalPid: the op's pid is null
         f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = NULL WHERE rowid = {FIRST_KERNEL}",
-        # a device id the packing cannot hold: the table is read column by column
+        # a device id above 24 bits (nsys's own ids are small)
         f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = {1 << 25} WHERE rowid = {FIRST_KERNEL}",
     ],
-    ids=["null-globalPid", "device-out-of-pack-range"],
+    ids=["null-globalPid", "device-above-24-bits"],
 )
 def test_pid_and_device_as_plain_sql_reads_them(edit: str, unpacked, tmp_path: Path) -> None:
-    """The reader reads pid and device of a GPU op as one packed value; every row must still
-    carry exactly what the two columns say, including a null pid and a device id too large to pack."""
+    """Every GPU op carries exactly the pid and device the two columns say, including a null
+    pid and a device id wider than nsys's own (pid comes from ``globalPid`` by bit arithmetic)."""
     db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
     copy = _edited(db, tmp_path, "pid-device", [edit])
     kernels = read_nsys_sqlite(copy, launches_only=True).gpu_ops.filter(pl.col("kind") == "kernel")
@@ -179,8 +179,8 @@ def test_pid_and_device_as_plain_sql_reads_them(edit: str, unpacked, tmp_path: P
 
 
 def test_launch_with_correlation_id_beyond_32_bits(unpacked, tmp_path: Path) -> None:
-    """Launch rows carry correlation id and name as one value, which holds ids below 2^32 only;
-    a launch outside that range is found by the re-read, as the full read joins it."""
+    """A correlation id beyond 32 bits (CUPTI's own are 32-bit): the launches-only read still
+    joins the op to its launch, as the full read does."""
     db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
     big = (1 << 32) + 7
     with sqlite3.connect(db) as conn:
