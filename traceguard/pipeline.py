@@ -6,7 +6,7 @@ checks (profile) → report document. Progress goes through an optional callback
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,13 @@ def analyze(
     *,
     profile: str | Profile = DEFAULT_PROFILE,
     side_files: SideFiles | None = None,
+    step_patterns: Sequence[str] | None = None,
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyse one run's captures and side inputs under a profile.
+
+    ``step_patterns`` are the user's step-range regexes (``--step-pattern``); they are tried
+    before the profile's own ``step_patterns`` (DESIGN.md, "Steps": source ``pattern``).
 
     Raises NoUsableInputError when neither a capture nor a side input can be read.
     """
@@ -74,7 +78,8 @@ def analyze(
     else:
         raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
     say(f"analysing {len(loaded.ranks)} rank(s)")
-    result = analyse_run([(r.rank, r.capture) for r in loaded.ranks], step_patterns=chosen.step_patterns)
+    patterns = [*(step_patterns or []), *chosen.step_patterns]
+    result = analyse_run([(r.rank, r.capture) for r in loaded.ranks], step_patterns=patterns)
     links = analyse_links(
         side,
         peak_busbw_gbps=_param(chosen, "p2p_utilization", "peak_busbw_gbps"),

@@ -46,6 +46,11 @@ class RankResult:
     gpu_models: list[str] = field(default_factory=list)
     #: Per step: step index → GPU span (for the straggler spread across ranks).
     spans_by_index: dict[int, int] = field(default_factory=dict)
+    #: Where this rank's steps came from (DESIGN.md, "Steps"): "pattern" (the user's or the
+    #: profile's ``step_patterns``), "convention" (a training loop's own per-iteration ranges),
+    #: "inferred" (the capture's periodic structure), "window" (the whole GPU window as one step),
+    #: or None when the rank has neither ranges nor GPU work.
+    step_source: str | None = None
 
 
 def analyse_rank(
