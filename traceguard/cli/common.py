@@ -1,0 +1,200 @@
+"""What every command group shares: the typer app, the consoles, option types and the output helpers."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from traceguard import __version__
+from traceguard.errors import TraceguardError
+from traceguard.ingest.sides import SideFiles, side_files
+from traceguard.pipeline import Analysis, analyze
+from traceguard.report import html, markdown
+
+if TYPE_CHECKING:
+    from traceguard.settings import Settings
+
+app = typer.Typer(
+    name="traceguard",
+    help="Is our GPU-to-GPU communication healthy, and if not, why? Analyses nsys / Kineto captures of "
+    "distributed PyTorch training against a production checklist.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+class ReportFormat(StrEnum):
+    json = "json"
+    md = "md"
+    html = "html"
+
+
+Captures = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Capture files (nsys .sqlite[.gz] / .nsys-rep, Kineto .json[.gz]) or run-bundle directories "
+        "(their NCCL logs and nvidia-smi / benchmark files are found by content); FILE:RANK names the rank.",
+        show_default=False,
+    ),
+]
+Files = Annotated[list[Path] | None, typer.Option(show_default=False)]
+
+
+def sides(
+    nccl_log: list[Path] | None,
+    dmon: list[Path] | None,
+    nccl_tests: list[Path] | None,
+    topo: list[Path] | None,
+    smi_q: list[Path] | None,
+) -> SideFiles:
+    return side_files(nccl_log or [], dmon or [], nccl_tests or [], topo or [], smi_q or [])
+
+
+NcclLogOpt = Annotated[list[Path] | None, typer.Option("--nccl-log", help="NCCL_DEBUG=INFO log (repeatable).")]
+DmonOpt = Annotated[list[Path] | None, typer.Option("--dmon", help="`nvidia-smi dmon -s t` output (repeatable).")]
+NcclTestsOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--nccl-tests", help="Collective benchmark output in nccl-tests format (repeatable)."),
+]
+TopoOpt = Annotated[list[Path] | None, typer.Option("--topo", help="`nvidia-smi topo -m` output.")]
+SmiQOpt = Annotated[list[Path] | None, typer.Option("--smi-q", help="`nvidia-smi -q` output (PCIe link speed).")]
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Checklist profile name or .toml path.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"traceguard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """traceguard command line."""
+
+
+def run_analysis(captures: list[str] | None, profile: str, side: SideFiles | None = None) -> Analysis:
+    try:
+        with err.status("reading captures", spinner="dots") as status:
+            return analyze(captures or [], profile=profile, side_files=side, progress=lambda msg: status.update(msg))
+    except TraceguardError as exc:
+        err.print(f"[bold red]error[/]: {exc.message}")
+        if exc.hint:
+            err.print(f"  {exc.hint}")
+        raise typer.Exit(exc.exit_code) from None
+
+
+def render(report: dict[str, Any], fmt: ReportFormat) -> str:
+    if fmt is ReportFormat.json:
+        return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt is ReportFormat.html:
+        return html.render(report)
+    return markdown.render(report)
+
+
+def write(text: str, target: Path | None) -> None:
+    if target is None or str(target) == "-":
+        sys.stdout.write(text)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        err.print(f"wrote {target}")
+
+
+def warn_inputs(report: dict[str, Any]) -> None:
+    for problem in report["side_inputs"]["errors"]:
+        err.print(f"[yellow]skipped[/] {problem}")
+    for item in report["inputs"]:
+        if item["error"]:
+            err.print(f"[yellow]skipped[/] {item['path']}: {item['error']}")
+        for warning in item["warnings"]:
+            err.print(f"[dim]note[/] {item['path']}: {warning}")
+
+
+def print_checks(report: dict[str, Any], title: str = "") -> None:
+    table = Table(
+        title=f"traceguard{title} · profile {report['profile']['name']} · verdict {report['verdict'].upper()}"
+    )
+    for column in ("check", "status", "detail"):
+        table.add_column(column)
+    for c in report["checks"]:
+        detail = c["reason"] if c["status"] == "skip" else c["message"]
+        table.add_row(c["id"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail or "")
+    out.print(table)
+    for c in report["checks"]:
+        if c["status"] == "fail" and c.get("remedy"):
+            out.print(f"[bold red]{c['id']}[/]: {c['remedy']}")
+
+
+def format_for(target: Path | None, fmt: ReportFormat | None) -> ReportFormat:
+    if fmt is not None:
+        return fmt
+    if target is not None:
+        suffix = target.suffix.lower()
+        if suffix == ".json":
+            return ReportFormat.json
+        if suffix in (".html", ".htm"):
+            return ReportFormat.html
+    return ReportFormat.md
+
+
+# The service side (serve, tokens, the local store, uploads) keeps its imports lazy so that the
+# analysis commands start without SQLAlchemy or FastAPI.
+
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Store directory (blobs, embedded SQLite). Default: $TRACEGUARD_DATA_DIR or ~/.local/share/traceguard; "
+        "$TRACEGUARD_DATABASE_URL replaces the embedded database.",
+        show_default=False,
+    ),
+]
+LabelOpt = Annotated[list[str] | None, typer.Option("--label", "-l", help="Run label key=value (repeatable).")]
+
+
+def settings_for(data_dir: Path | None) -> Settings:
+    from traceguard.settings import Settings
+
+    return Settings(data_dir=data_dir) if data_dir else Settings()
+
+
+def where(settings: Settings) -> str:
+    return (
+        "the database at $TRACEGUARD_DATABASE_URL"
+        if settings.database_url
+        else str(settings.data_dir / "traceguard.db")
+    )
+
+
+def labels(items: list[str] | None) -> dict[str, str]:
+    parsed = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            err.print(f"[bold red]error[/]: label {item!r} is not key=value")
+            raise typer.Exit(2)
+        parsed[key] = value
+    return parsed
+
+
+def fail(exc: TraceguardError) -> typer.Exit:
+    err.print(f"[bold red]error[/]: {exc.message}")
+    if exc.hint:
+        err.print(f"  {exc.hint}")
+    return typer.Exit(exc.exit_code)

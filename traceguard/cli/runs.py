@@ -1,0 +1,199 @@
+"""record and upload: analyse captures into a run kept in the store, locally or on a traceguard service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from traceguard.checks.profiles import DEFAULT_PROFILE, available
+from traceguard.cli.common import (
+    DataDirOpt,
+    LabelOpt,
+    ProfileOpt,
+    app,
+    err,
+    fail,
+    labels,
+    out,
+    print_checks,
+    settings_for,
+    warn_inputs,
+    where,
+    write,
+)
+from traceguard.errors import InputError, TraceguardError
+from traceguard.report import junit
+
+
+@app.command("record")
+def record_command(
+    captures: Annotated[
+        list[Path], typer.Argument(help="Capture files, side files, run bundles (directories or archives).")
+    ],
+    project: Annotated[str, typer.Option(help="Project to record the run in.")] = "default",
+    name: Annotated[str, typer.Option(help="Run name.")] = "",
+    label: LabelOpt = None,
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Analyse captures and keep the run in the store (no server needed): the same intake and job
+    the service runs. Exits like `check`."""
+    from traceguard.service.analysis import execute
+    from traceguard.service.context import Context
+    from traceguard.service.intake import receive_path
+    from traceguard.store import jobs, results
+    from traceguard.store.access import get_or_create_project
+    from traceguard.store.db import transaction
+    from traceguard.store.runs import create_run
+    from traceguard.store.tables import Job, Run
+
+    if profile not in available():
+        err.print(f"[bold red]error[/]: unknown profile {profile!r} (profiles: {', '.join(sorted(available()))})")
+        raise typer.Exit(2)
+    files = [p for c in captures for p in (sorted(x for x in c.iterdir() if x.is_file()) if c.is_dir() else [c])]
+    try:
+        ctx = Context.open(settings_for(data_dir))
+        with transaction(ctx.factory) as session:
+            run = create_run(
+                session, get_or_create_project(session, project).id, name=name, labels=labels(label), profile=profile
+            )
+            for path in files:
+                try:
+                    intake = receive_path(ctx, session, run, path)
+                except InputError as exc:
+                    err.print(f"[yellow]skipped[/] {exc.message}")
+                    continue
+                for row, _ in intake.files:
+                    err.print(f"stored {row.name} ({row.kind})")
+            job, _ = jobs.enqueue(session, run)
+            run_id, job_id = run.id, job.id
+        with ctx.factory() as session:  # the same claim and lease a service worker takes
+            jobs.claim(session, "cli", ctx.settings.job_lease_s, job_id=job_id)
+        with err.status(f"analysing run {run_id}", spinner="dots"):
+            status = execute(ctx, job_id, "cli")
+        with ctx.factory() as session:
+            job_row = session.get(Job, job_id)
+            run_row = session.get(Run, run_id)
+            stored = results.latest_report(session, run_row) if run_row else None
+    except TraceguardError as exc:
+        raise fail(exc) from None
+    if status != "succeeded" or stored is None:
+        err.print(f"[bold red]error[/]: run {run_id}: {job_row.error_code}: {job_row.error_message}")
+        raise typer.Exit(2)
+    report = stored.document
+    warn_inputs(report)
+    print_checks(report, f" · run {run_id}")
+    err.print(f"run {run_id} recorded in {where(ctx.settings)}")
+    ctx.close()
+    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+@app.command("upload")
+def upload_command(
+    paths: Annotated[
+        list[str],
+        typer.Argument(help="Files to upload (FILE:RANK names the rank); a run directory goes as one archive."),
+    ],
+    server: Annotated[str, typer.Option(envvar="TRACEGUARD_SERVER", help="Service URL.")],
+    token: Annotated[str, typer.Option(envvar="TRACEGUARD_TOKEN", help="API token with read and upload scopes.")],
+    label: LabelOpt = None,
+    name: Annotated[str, typer.Option(help="Run name.")] = "",
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    run_id: Annotated[int | None, typer.Option("--run", help="Add to this run instead of creating one.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the analysis.")] = 1800.0,
+    junit_path: Annotated[Path | None, typer.Option("--junit", help="Write the checks as JUnit XML here.")] = None,
+    baseline: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--baseline",
+            help="Compare with the newest analysed run carrying this label key=value (repeatable, all must "
+            "match), e.g. --baseline branch=main: checks that changed and the largest metric changes.",
+        ),
+    ] = None,
+) -> None:
+    """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
+    like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
+    import tempfile
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from traceguard.client import Client, ServiceError, pack_bundle
+    from traceguard.ingest import parse_spec
+
+    specs = []
+    scratch = tempfile.TemporaryDirectory(prefix="traceguard-upload-")
+    for text in paths:
+        spec = parse_spec(text)
+        if spec.path.is_dir():
+            # A run bundle travels as one archive, so its manifest's ranks come with it.
+            specs.append((pack_bundle(spec.path, Path(scratch.name)), None))
+        elif spec.path.is_file():
+            specs.append((spec.path, spec.rank))
+        else:
+            err.print(f"[bold red]error[/]: {spec.path}: no such file")
+            raise typer.Exit(2)
+    client = Client(server, token)
+    try:
+        run = {"id": run_id} if run_id else client.create_run(name=name, labels=labels(label), profile=profile)
+        stored = 0
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err
+        ) as progress:
+            for path, rank in specs:
+                task = progress.add_task(path.name, total=path.stat().st_size)
+                try:
+                    result = client.upload(
+                        run["id"], path, rank=rank, on_bytes=lambda n, t=task: progress.advance(t, n)
+                    )
+                    stored += len(result["files"])
+                    for skipped in result["skipped"]:
+                        progress.console.print(f"[dim]skipped[/] {path.name}/{skipped['name']}: {skipped['reason']}")
+                except ServiceError as exc:
+                    if exc.status not in (415, 422):
+                        raise
+                    progress.console.print(f"[yellow]skipped[/] {exc.message}")
+        if not stored:
+            err.print("[bold red]error[/]: the service accepted none of the files")
+            raise typer.Exit(2)
+        job = client.analyze(run["id"], profile if run_id else None)
+        with err.status(f"analysing run {run['id']} (job {job['id']})", spinner="dots"):
+            job = client.wait(job["id"], timeout=timeout)
+        if job["status"] != "succeeded":
+            err.print(f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {job['error']['message']}")
+            raise typer.Exit(2)
+        report = client.report(run["id"]).json()
+        comparison = None
+        if baseline:
+            base = client.newest_run(labels(baseline), exclude=run["id"])
+            if base is None:
+                err.print(f"[yellow]no baseline[/]: no other analysed run has {', '.join(baseline)}")
+            else:
+                comparison = client.compare(base["id"], run["id"])
+    except ServiceError as exc:
+        raise fail(exc) from None
+    finally:
+        client.close()
+        scratch.cleanup()
+    warn_inputs(report)
+    print_checks(report, f" · run {run['id']}")
+    if comparison:
+        _print_comparison(comparison)
+    err.print(f"report: {server.rstrip('/')}/runs/{run['id']}")
+    if junit_path:
+        write(junit.render(report), junit_path)
+    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+def _print_comparison(comparison: dict[str, Any], top: int = 8) -> None:
+    """Checks whose status changed, then the run metrics that moved most (shares in points)."""
+    out.print(
+        f"compared with run {comparison['base']} ({comparison['base_verdict']} → {comparison['head_verdict']}, "
+        f"profile {comparison['profile']})"
+    )
+    for c in comparison["changed_checks"]:
+        out.print(f"  check [bold]{c['id']}[/]: {c['base'] or '—'} → {c['head'] or '—'}")
+    moved = [m for m in comparison["metrics"] if m["relative"] not in (None, 0)]
+    for m in sorted(moved, key=lambda m: abs(m["relative"]), reverse=True)[:top]:
+        out.print(f"  {m['metric']}: {m['base']} → {m['head']} ({100 * m['relative']:+.1f} %)")
