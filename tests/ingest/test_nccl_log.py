@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 
 from traceguard.errors import InputError
 from traceguard.ingest.nccl_log import looks_like_nccl_log, parse_nccl_logs, read_nccl_logs
+from traceguard.metrics.transport import nccl_document
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "fixtures" / "h200"
@@ -35,7 +36,7 @@ def conn_rows(log) -> set[tuple]:
 
 
 def validate(log) -> dict:
-    body = log.to_dict()
+    body = nccl_document(log)
     VALIDATOR.validate(body)
     json.dumps(body)  # JSON-serialisable as is
     return body

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from traceguard.ingest.nccl_log import parse_nccl_logs, read_nccl_logs
-from traceguard.metrics.transport import Finding, findings, transport_matrix
+from traceguard.metrics.transport import Finding, findings, nccl_document, transport_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "fixtures" / "h200"
@@ -181,7 +181,7 @@ def test_mixed_versions() -> None:
     ]
     log = parse_nccl_logs(sources)
     assert log.version is None and log.versions == ["2.27.3", "2.28.9"]
-    assert log.to_dict()["version"] is None
+    assert nccl_document(log)["version"] is None
     (f,) = by_id(findings(log))["mixed_versions"]
     assert f.severity == "fail" and f.ranks == [0, 1]
     assert "2.27.3 on rank(s) 1" in f.message and "2.28.9 on rank(s) 0" in f.message
@@ -197,7 +197,7 @@ def test_p2p_level_from_env_and_shm_on_public_excerpts() -> None:
 
 
 def test_findings_in_the_json_contract() -> None:
-    body = run("shm_nsys").to_dict(nvlink_pairs=TOPO)
+    body = nccl_document(run("shm_nsys"), nvlink_pairs=TOPO)
     ids = [f["id"] for f in body["findings"]]
     assert ids[0] == "shm_within_node" and "p2p_disabled_by_env" in ids
     assert body["transports"] == ["SHM"] and body["env"]["NCCL_P2P_DISABLE"] == "1"

@@ -87,6 +87,32 @@ _NET_SOCKET = re.compile(r"NET/Socket ?: ?Using(?P<rest>.*)$")
 _USING_NET = re.compile(r"Using (?:internal )?[Nn]etwork (?P<name>\S.*?)\s*$")
 #: NCCL reporting that NVLS was set up and connected (not merely available).
 _NVLS_CONNECTED = re.compile(r"Connected NVLS|NVLS comm 0x[0-9a-fA-F]+ headRank|\b(?P<n>[1-9]\d*) nvls channels")
+#: "2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer"
+#: (<=2.16 without nvls, 2.17-2.19 without collnet; src/init.cc).
+_CHANNEL_COUNTS = re.compile(r"(?P<n>\d+) (?P<kind>coll|collnet|nvls|p2p) channels(?P<per_peer> per peer)?")
+#: Ring orders "Channel 00/02 :    0   1   2   3" (2.5+) and "Ring 00 :    0   1" (<=2.4, no "->").
+_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d+)(?:/\d+)? :(?P<order>(?:\s+\d+)+)\s*$")
+#: Per-rank ring neighbours "Ring 00 : 7 -> 0 -> 1" (2.7+, src/graph/connect.cc).
+_RING_NEIGHBOURS = re.compile(r"^Ring (?P<ch>\d+) : -?\d+ -> \d+ -> -?\d+\s*$")
+#: "Trees [0] 1/-1/-1->0->-1 [1] ..." (2.7+) and "Tree 0 : 1 -> 0 -> -1/-1/-1" (2.4-2.6).
+_TREES = re.compile(r"^Trees?\b.*-?\d+(?:/-?\d+)*\s*->\s*-?\d+")
+#: Topology and graph dump (src/graph/topo.cc, search.cc): "=== System : ...", "CPU/0 (1/1/1)",
+#: "+ PCI[24.0] - GPU/1000 (0)", "Pattern 4, crossNic 0, nChannels 2, bw ...", " 0 : GPU/0 GPU/1",
+#: 2.3-2.4's "CUDA Dev 0[0], IB NIC distance :  PHB", affinity and NVLS head lines.
+_TOPOLOGY = re.compile(
+    r"^\s*(?:=== System|(?:CPU|GPU|NIC|NET|PCI|NVS)/[0-9a-fA-F-]+\b|\+ \w+\[|Pattern \d+, crossNic|"
+    r"\d+ : (?:GPU|NET|NVS)/|"
+    r"CUDA Dev \d+\[\d+\], |Setting affinity for GPU|ncclTopoGetCpuAffinity|NVLS Head|"
+    r"Tree \d+ : |Connected all (?:rings|trees)|(?:Ring|Tree) latencies|threadThresholds)"
+)
+#: The kind of a :data:`_TOPOLOGY` line by its start; anything else is the system dump.
+_TOPOLOGY_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("Pattern", "Ring latencies", "Tree latencies", "threadThresholds"), "graph"),
+    (("Setting affinity", "ncclTopoGetCpuAffinity"), "affinity"),
+    (("NVLS Head",), "nvls_head"),
+    (("Tree ",), "tree"),
+    (("Connected all",), "connected"),
+)
 #: ncclGetErrorString texts (src/init.cc) and the ncclResult_t names PyTorch prints.
 _ERRORS = re.compile(
     r"unhandled cuda error|unhandled system error|internal error - please report|"
@@ -249,6 +275,13 @@ class NcclLog:
     max_bw_by_rank: dict[int, float] = field(default_factory=dict)
     total_bw_by_rank: dict[int, float] = field(default_factory=dict)
     hosts: list[str] = field(default_factory=list)
+    #: Topology, graph, ring and tree lines (``name``: "system", "graph", "ring", "tree", "affinity",
+    #: "connected", "nvls_head", "topology"), in input order.
+    topology_lines: list[Evidence] = field(default_factory=list)
+    #: Channel counts NCCL printed ("coll", "collnet", "nvls", "p2p", "p2p_per_peer"): the largest per kind.
+    channel_counts: dict[str, int] = field(default_factory=dict)
+    #: Ring channels whose rank order NCCL printed ("Channel 00/02 : 0 1 2 3").
+    ring_channels: set[int] = field(default_factory=set)
     #: Lines that carried an NCCL core or a known message (to tell an NCCL log from other text).
     nccl_lines: int = 0
 
@@ -303,22 +336,77 @@ class NcclLog:
             return max(stated)
         return len(self.hosts) or None
 
-    def to_dict(self, *, nvlink_pairs: set[frozenset[int]] | None = None) -> dict[str, Any]:
-        """The JSON contract (docs/nccl.schema.json), findings included."""
-        from traceguard.metrics.transport import findings  # metrics read the model; import late
+    @property
+    def transport_known(self) -> bool:
+        """Whether the log says how ranks are connected: it has at least one connection ("via") line."""
+        return bool(self.connections)
 
+    @property
+    def transport_unknown_reason(self) -> str | None:
+        """Why the log cannot tell the transport (None when it can): which lines are missing, why
+        NCCL may not have printed them, and what to rerun with."""
+        if self.connections:
+            return None
+        if self.nccl_lines == 0:
+            return "the input has no NCCL log lines: run the job with NCCL_DEBUG=INFO"
+        stated = [c.nranks for c in self.comms if c.nranks is not None]
+        if stated and max(stated) == 1:
+            return (
+                "every communicator in the log has one rank: NCCL connects no peer, so there is no transport "
+                "to report (run with two or more ranks to see one)"
+            )
+        reason = (
+            "the log has no connection lines (`Channel xx : a[b] -> c[d] via ...`): NCCL prints them at INFO "
+            "level (subsystems INIT with P2P/SHM/NET) when a communicator connects its channels — during "
+            "communicator init, or at the first collective with lazy connection (NCCL_RUNTIME_CONNECT, 2.22+) — "
+            "so this log was cut before them, filtered by NCCL_DEBUG_SUBSYS or NCCL_DEBUG=WARN, or the job "
+            "stopped before connecting"
+        )
+        if self.warnings:
+            reason += "; it holds WARN/error lines, so init may have failed before the connections were made"
+        if self.nvls_lines:
+            reason += "; NVLS was set up, but NVLS alone does not say how each pair of ranks talks"
+        return (
+            reason + ". Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS unset, or including INIT) and keep every "
+            "rank's whole log (NCCL_DEBUG_FILE=nccl.%h.%p.log) up to the first collective."
+        )
+
+    @property
+    def networks(self) -> dict[str, list[str]]:
+        """What NCCL said about the network: "using" (the network chosen), "ib" (IB/RoCE devices),
+        "socket" (socket interfaces), each distinct value once, in input order."""
+        out: dict[str, list[str]] = {"using": [], "ib": [], "socket": []}
+        for e in self.network_lines:
+            values = out.setdefault(e.name, [])
+            if e.value not in values:
+                values.append(e.value)
+        return out
+
+    def facts(self, *, max_topology_lines: int = 400) -> dict[str, Any]:
+        """What the log holds, JSON-ready: every key of docs/nccl.schema.json but ``findings``
+        (:func:`traceguard.metrics.transport.nccl_document` adds those: ingest does not judge)."""
         return {
             "version": self.version,
             "versions": self.versions,
             "ranks": self.ranks,
             "nodes": self.nodes,
+            "nccl_lines": self.nccl_lines,
+            "transport_status": "known" if self.transport_known else "unknown",
+            "transport_reason": self.transport_unknown_reason,
             "connections": [c.to_dict() for c in self.connections],
             "transports": self.transports,
             "env": self.env,
             "warnings": [w.to_dict() for w in self.warnings],
-            "findings": [f.to_dict() for f in findings(self, nvlink_pairs=nvlink_pairs)],
             "comms": [c.to_dict() for c in self.comms],
             "hosts": list(self.hosts),
+            "networks": self.networks,
+            "channels": {
+                **{kind: self.channel_counts.get(kind) for kind in ("coll", "collnet", "nvls", "p2p", "p2p_per_peer")},
+                "rings": len(self.ring_channels) or None,
+            },
+            "topology": [
+                {"rank": e.rank, "kind": e.name, "line": e.line} for e in self.topology_lines[:max_topology_lines]
+            ],
             "max_bw": {str(rank): bw for rank, bw in sorted(self.max_bw_by_rank.items())},
         }
 
@@ -466,6 +554,7 @@ class _Parser:
             bw = (float(m.group("max")), float(m.group("total")))
             if all(math.isfinite(x) for x in bw):
                 self.records.append(("bw", line, bw))
+            self.records.append(("topology", line, ("system", None)))
         elif (" set by environment to " in msg and (m := _ENV.search(msg)) is not None) or (
             (m := _ENV_SET.match(msg.strip())) is not None
         ):
@@ -482,8 +571,30 @@ class _Parser:
             self.records.append(("net", line, ("socket", m.group("rest").strip())))
         elif (m := _USING_NET.search(msg)) is not None:
             self.records.append(("net", line, ("using", m.group("name"))))
+        elif (counts := _CHANNEL_COUNTS.findall(msg)) and " channels" in msg:
+            for n, kind, per_peer in counts:
+                self.records.append(("channels", line, ("p2p_per_peer" if per_peer else kind, int(n))))
+            if _NVLS_CONNECTED.search(msg) is not None:
+                self.records.append(("nvls", line, None))
         elif _NVLS_CONNECTED.search(msg) is not None:
             self.records.append(("nvls", line, None))
+        else:
+            self._topology(line, msg.strip())
+
+    def _topology(self, line: _Line, msg: str) -> None:
+        """Ring orders, trees, and the topology/graph dump: kept as evidence lines."""
+        if (m := _RING_ORDER.match(msg)) is not None:
+            self.records.append(("topology", line, ("ring", int(m.group("ch")))))
+        elif _RING_NEIGHBOURS.match(msg) is not None:
+            self.records.append(("topology", line, ("ring", None)))
+        elif _TREES.match(msg) is not None:
+            self.records.append(("topology", line, ("tree", None)))
+        elif _TOPOLOGY.match(msg) is not None:
+            if msg[:1].isdigit():  # " 0 : GPU/0 GPU/1 ..." one channel of a graph
+                kind = "graph"
+            else:
+                kind = next((k for prefixes, k in _TOPOLOGY_KINDS if msg.startswith(prefixes)), "system")
+            self.records.append(("topology", line, (kind, None)))
 
     def _comm(self, line: _Line, ptr: str | None, rank: int) -> CommInfo:
         ptr = None if ptr in (None, "(nil)") else ptr.lower()
@@ -605,6 +716,14 @@ class _Parser:
                 log.network_lines.append(Evidence(rank, line.host, line.raw, value=payload[1], name=payload[0]))
             elif kind == "nvls":
                 log.nvls_lines.append(Evidence(rank, line.host, line.raw))
+            elif kind == "channels":
+                name, count = payload
+                log.channel_counts[name] = max(count, log.channel_counts.get(name, 0))
+            elif kind == "topology":
+                topo_kind, channel = payload
+                log.topology_lines.append(Evidence(rank, line.host, line.raw, name=topo_kind))
+                if channel is not None:
+                    log.ring_channels.add(channel)
             elif kind == "bw" and rank is not None:
                 max_bw, total_bw = payload
                 log.max_bw_by_rank[rank] = max(max_bw, log.max_bw_by_rank.get(rank, 0.0))

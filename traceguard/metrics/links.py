@@ -43,11 +43,11 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
     if side.nccl is None:
         m["transport_fallback_pairs"] = None
         null["transport_fallback_pairs"] = "no NCCL_DEBUG=INFO log given (--nccl-log, or nccl*.log in the run bundle)"
-    elif not side.nccl.connections:
+    elif not side.nccl.transport_known:
+        # A partial log: its WARN/version findings still count, but no pair can be judged (skip, not pass).
+        found = findings(side.nccl, nvlink_pairs=side.nvlink_pairs)
         m["transport_fallback_pairs"] = None
-        null["transport_fallback_pairs"] = (
-            "the NCCL log has no connection lines (run with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS including INIT)"
-        )
+        null["transport_fallback_pairs"] = f"transport unknown: {side.nccl.transport_unknown_reason}"
     else:
         found = findings(side.nccl, nvlink_pairs=side.nvlink_pairs)
         pairs: set[frozenset[int]] = set()
@@ -61,7 +61,9 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
             for f in found
             if f.severity in ("fail", "warn")
         ]
-    m["nccl_transports"] = side.nccl.transports if side.nccl else None
+    m["nccl_transports"] = side.nccl.transports if side.nccl and side.nccl.transport_known else None
+    if side.nccl is not None and not side.nccl.transport_known:
+        null["nccl_transports"] = null["transport_fallback_pairs"]
     m["nccl_version"] = side.nccl.version if side.nccl else None
 
     _pcie(side, rated_pcie_gbps, m, null, evidence)

@@ -16,6 +16,9 @@ findings are the ones engineers keep rediscovering by hand in NCCL_DEBUG=INFO ou
 - ``nccl_warn``: each distinct WARN / error line, quoted with the ranks that printed it.
 
 Every finding quotes the exact log lines it rests on, so a report can show the evidence.
+:func:`nccl_document` is the JSON contract (docs/nccl.schema.json): the parser's facts plus these
+findings. A partial log (NCCL lines but no connection lines) is a valid document: transport
+``unknown`` with the log's reason, and the findings its WARN/env/version lines still support.
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ class Finding:
             "ranks": list(self.ranks),
             "evidence": list(self.evidence),
         }
+
+
+def nccl_document(log: NcclLog, *, nvlink_pairs: set[frozenset[int]] | None = None) -> dict[str, Any]:
+    """The JSON contract of a parsed log (docs/nccl.schema.json): its facts and the findings.
+
+    ``nvlink_pairs`` (GPU index pairs joined by NVLink, from ``nvidia-smi topo -m``) narrows the
+    within-node findings to pairs where P2P was really possible.
+    """
+    doc = log.facts()
+    doc["findings"] = [f.to_dict() for f in findings(log, nvlink_pairs=nvlink_pairs)]
+    return doc
 
 
 def transport_matrix(log: NcclLog, *, comm: str | None = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from traceguard.checks.rules import CheckResult, verdict
 from traceguard.ingest import InputRecord
 from traceguard.ingest.sides import SideData
 from traceguard.metrics.run import RunResult
+from traceguard.metrics.transport import nccl_document
 
 SCHEMA_VERSION = "1"
 #: Metric names every ``metrics`` object carries (issue contract), in this order.
@@ -160,7 +161,7 @@ def build(
             for r in ranks
         ],
         "checks": [c.to_dict() for c in checks],
-        "nccl": side.nccl.to_dict(nvlink_pairs=side.nvlink_pairs) if side and side.nccl else None,
+        "nccl": nccl_document(side.nccl, nvlink_pairs=side.nvlink_pairs) if side and side.nccl else None,
         "side_inputs": {
             "sources": side.sources if side else {},
             "errors": side.errors if side else [],

@@ -35,12 +35,29 @@ def matrix(doc: dict[str, Any]) -> tuple[list[int], dict[tuple[int, int], set[st
     return ranks, cells
 
 
+def _or_unknown(value: object) -> str:
+    return "unknown" if value is None else str(value)
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
+    """The ``traceguard nccl`` report of a :func:`~traceguard.metrics.transport.nccl_document`."""
     lines = ["# NCCL transports", ""]
+    known = doc.get("transport_status", "known") == "known"
+    transports = ", ".join(doc["transports"]) if known and doc["transports"] else "unknown"
     lines.append(
         f"NCCL {doc['version'] or ', '.join(doc['versions']) or 'version not in the log'} · "
-        f"ranks {doc['ranks']} · nodes {doc['nodes']} · transports {', '.join(doc['transports']) or 'none'}"
+        f"ranks {_or_unknown(doc['ranks'])} · nodes {_or_unknown(doc['nodes'])} · transports {transports}"
     )
+    if not known:
+        lines += ["", f"**Partial log — transport unknown**: {doc['transport_reason']}"]
+    networks = doc.get("networks") or {}
+    if any(networks.values()):
+        lines += ["", "## Network", ""]
+        labels = {"using": "Using network", "ib": "IB/RoCE devices", "socket": "Socket interfaces"}
+        lines += [f"- {labels.get(k, k)}: {', '.join(f'`{v}`' for v in vs)}" for k, vs in networks.items() if vs]
+    channels = {k: v for k, v in (doc.get("channels") or {}).items() if v is not None}
+    if channels:
+        lines += ["", "Channels: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in channels.items())]
     ranks, cells = matrix(doc)
     if ranks:
         lines += ["", "## Matrix (rank → peer)", ""]
@@ -48,6 +65,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += md_table(["rank \\ peer", *map(str, ranks)], rows)
     if doc["env"]:
         lines += ["", "## Set by environment", ""] + [f"- `{k}={v}`" for k, v in doc["env"].items()]
+    if doc.get("topology"):
+        kinds: dict[str, int] = {}
+        for row in doc["topology"]:
+            kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+        lines += ["", "Topology and graph lines: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))]
+    if doc["warnings"]:
+        lines += ["", "## WARN and error lines", ""]
+        lines += [f"- `{w['line'].strip()}`" for w in doc["warnings"][:8]]
+        if len(doc["warnings"]) > 8:
+            lines.append(f"- … {len(doc['warnings']) - 8} more in the JSON output")
     lines += ["", "## Findings", ""]
     if not doc["findings"]:
         lines.append("None.")
