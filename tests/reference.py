@@ -213,8 +213,10 @@ class Expected:
         return self.nccl_step_ns / self.span_ns if self.span_ns else None
 
 
-def expected(raw: Raw) -> Expected:
-    """The window metrics and NCCL share, straight from the definitions."""
+def expected(raw: Raw, *, window_steps: bool = False) -> Expected:
+    """The window metrics and NCCL share, straight from the definitions. With ``window_steps``,
+    a capture without marker steps gets one step per process: its whole GPU window, every op of
+    the process attributed by its own start (DESIGN.md, "Steps": ``window``)."""
     candidates = [r for r in raw.ranges if not r.nccl_domain and any(p.search(r.name) for p in STEP_PATTERNS)]
     steps = [
         c
@@ -229,7 +231,15 @@ def expected(raw: Raw) -> Expected:
         )
     ]
     attributed: dict[int, list[Op]] = defaultdict(list)
-    for op in raw.ops:
+    if not steps and window_steps:
+        pids = sorted({o.pid for o in raw.ops if o.pid is not None})
+        steps = [
+            Range(pid, None, min(o.start for o in raw.ops if o.pid == pid), max(o.end for o in raw.ops if o.pid == pid), "window")
+            for pid in pids
+        ]
+        for i, pid in enumerate(pids):
+            attributed[i] = [o for o in raw.ops if o.pid == pid]
+    for op in raw.ops if not attributed else []:
         t = raw.launches.get((op.pid, op.correlation))
         if t is None:
             continue

@@ -15,7 +15,7 @@ from traceguard.checks.profiles import DEFAULT_PROFILE, Profile, load_profile
 from traceguard.checks.rules import CheckResult, evaluate, validate_profile
 from traceguard.errors import NoUsableInputError
 from traceguard.ingest import InputSpec, LoadedRun, load_run
-from traceguard.ingest.sides import SideData, SideFiles, discover, load_side
+from traceguard.ingest.sides import SideData, SideFiles, discover, load_side, split_inputs
 from traceguard.metrics.links import analyse_links
 from traceguard.metrics.run import RunResult, analyse_run
 from traceguard.report import document
@@ -44,22 +44,27 @@ def analyze(
     profile: str | Profile = DEFAULT_PROFILE,
     side_files: SideFiles | None = None,
     step_patterns: Sequence[str] | None = None,
+    step_sources: Sequence[str] | None = None,
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyse one run's captures and side inputs under a profile.
 
     ``step_patterns`` are the user's step-range regexes (``--step-pattern``); they are tried
     before the profile's own ``step_patterns`` (DESIGN.md, "Steps": source ``pattern``).
+    ``step_sources`` limits and orders the step sources tried (default: pattern, convention,
+    inferred, window), e.g. ``["inferred"]`` to see the steps a capture's own structure gives.
 
     Raises NoUsableInputError when neither a capture nor a side input can be read.
     """
     chosen = profile if isinstance(profile, Profile) else load_profile(profile)
     validate_profile(chosen)
     say = progress or (lambda _msg: None)
-    inputs = list(inputs)
+    # Side files given among the captures (an NCCL log, nvidia-smi output) are recognised by content.
+    inputs, positional_sides = split_inputs(inputs)
     files = SideFiles()
     if side_files:
         files.extend(side_files)
+    files.extend(positional_sides)
     for item in inputs:
         path = item.path if isinstance(item, InputSpec) else Path(item)
         if path.is_dir():
@@ -79,7 +84,9 @@ def analyze(
         raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
     say(f"analysing {len(loaded.ranks)} rank(s)")
     patterns = [*(step_patterns or []), *chosen.step_patterns]
-    result = analyse_run([(r.rank, r.capture) for r in loaded.ranks], step_patterns=patterns)
+    result = analyse_run(
+        [(r.rank, r.capture) for r in loaded.ranks], step_patterns=patterns, step_sources=step_sources
+    )
     links = analyse_links(
         side,
         peak_busbw_gbps=_param(chosen, "p2p_utilization", "peak_busbw_gbps"),

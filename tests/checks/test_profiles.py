@@ -30,7 +30,8 @@ DESIGN_PRODUCTION = {
     "homogeneous_gpus": (">", None, 1.0),
     "straggler": (">", 0.05, 0.15),
 }
-DESIGN_STEP_PATTERNS = [r"(?i)^(batch|step|iteration)[ _#]?\d+$", r"^ProfilerStep#\d+$"]
+#: The shipped profiles add no step pattern: known markers are conventions (metrics/steps.py).
+DESIGN_STEP_PATTERNS: list[str] = []
 
 
 def _toml(path: Path) -> dict:
@@ -127,8 +128,17 @@ def test_extends_merges_key_by_key_within_a_rule(tmp_path: Path) -> None:
 
 
 def test_child_step_patterns_replace_the_parents(tmp_path: Path) -> None:
-    path = _write(tmp_path, "steps", "extends = \"production\"\n[steps]\npatterns = ['^train_step_\\d+$']\n")
+    path = _write(tmp_path, "steps", "extends = \"production\"\nstep_patterns = ['^train_step_\\d+$']\n")
     assert load_profile(str(path)).step_patterns == [r"^train_step_\d+$"]
+
+
+def test_old_steps_table_and_bad_step_patterns_are_refused(tmp_path: Path) -> None:
+    old = _write(tmp_path, "old", "extends = \"production\"\n[steps]\npatterns = ['^x$']\n")
+    with pytest.raises(ProfileError, match="step_patterns"):
+        load_profile(str(old))
+    bad = _write(tmp_path, "bad", "extends = \"production\"\nstep_patterns = ['(unclosed']\n")
+    with pytest.raises(ProfileError, match=r"\(unclosed.*not a valid regular expression"):
+        load_profile(str(bad))
 
 
 def test_extends_by_path(tmp_path: Path) -> None:

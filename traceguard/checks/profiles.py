@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from traceguard.errors import ProfileError
+from traceguard.metrics.steps import validate_patterns
 
 DEFAULT_PROFILE = "production"
 _OPS = (">", ">=", "<", "<=")
@@ -20,6 +21,10 @@ _OPS = (">", ">=", "<", "<=")
 
 #: Numeric rule parameters a profile may set besides the bounds (hardware facts, not bounds).
 PARAMS = ("peak_busbw_gbps", "rated_pcie_gbps", "expect_gpu")
+#: Keys that start so are a rule's minimum evidence (``min_steps``, ``min_bytes_per_step``...):
+#: below the floor the rule is ``skip``. Which floors a rule has is the rule's own declaration
+#: (``traceguard.checks.rules``); ``validate_profile`` rejects the rest.
+FLOOR_PREFIX = "min_"
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class RuleConfig:
     warn: float | None = None
     fail: float | None = None
     params: dict[str, float] = field(default_factory=dict)
+    #: Minimum evidence: ``min_*`` key → floor (DESIGN.md, "Minimum evidence").
+    minimum: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,9 +115,20 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
             if not isinstance(settings, dict):
                 raise ProfileError(f"profile {path}: [rules.{rule_id}] must be a table")
             merged_rules.setdefault(rule_id, {}).update(settings)
-        steps = doc.get("steps", {})
-        if isinstance(steps, dict) and "patterns" in steps:
-            patterns = [str(p) for p in steps["patterns"]]
+        if "steps" in doc:
+            raise ProfileError(
+                f"profile {path}: the [steps] table was replaced by a top-level `step_patterns = [...]` list",
+                hint="known training-loop markers (Batch N, ProfilerStep#N, ...) need no pattern any more",
+            )
+        if "step_patterns" in doc:
+            given = doc["step_patterns"]
+            if not isinstance(given, list) or not all(isinstance(p, str) for p in given):
+                raise ProfileError(f"profile {path}: `step_patterns` must be a list of regular expressions")
+            try:
+                validate_patterns(given)
+            except ValueError as exc:
+                raise ProfileError(f"profile {path}: {exc}") from None
+            patterns = list(given)
     name, top, top_path = chain[0]
     return Profile(
         name=name,
@@ -123,7 +141,7 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
 
 
 def _rule(rule_id: str, settings: dict[str, Any], path: Path) -> RuleConfig:
-    unknown = set(settings) - {"enabled", "op", "warn", "fail", *PARAMS}
+    unknown = {k for k in settings if not k.startswith(FLOOR_PREFIX)} - {"enabled", "op", "warn", "fail", *PARAMS}
     if unknown:
         raise ProfileError(f"profile {path}: [rules.{rule_id}] has unknown keys {sorted(unknown)}")
     op = settings.get("op", ">")
@@ -141,4 +159,11 @@ def _rule(rule_id: str, settings: dict[str, Any], path: Path) -> RuleConfig:
             if not isinstance(settings[key], int | float):  # bool is an int: expect_gpu = false
                 raise ProfileError(f"profile {path}: [rules.{rule_id}] {key} must be a number or boolean")
             params[key] = float(settings[key])
-    return RuleConfig(enabled=bool(settings.get("enabled", True)), op=op, params=params, **bounds)
+    minimum = {}
+    for key in sorted(k for k in settings if k.startswith(FLOOR_PREFIX)):
+        value = settings[key]
+        # bool is an int in Python: `min_steps = true` is a typo, not a floor of 1.
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ProfileError(f"profile {path}: [rules.{rule_id}] {key} must be a number >= 0, not {value!r}")
+        minimum[key] = float(value)
+    return RuleConfig(enabled=bool(settings.get("enabled", True)), op=op, params=params, minimum=minimum, **bounds)

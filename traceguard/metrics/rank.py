@@ -13,16 +13,17 @@ from typing import Any
 
 import polars as pl
 
-from traceguard.metrics import copies, nccl
+from traceguard.metrics import collectives, copies, nccl
 from traceguard.metrics.intervals import union_ns_batched
 from traceguard.metrics.steps import (
-    DEFAULT_STEP_PATTERNS,
     NCCL_DOMAIN,
+    STEP_SOURCES,
+    ResolvedSteps,
     attribute,
     containing_ids,
     find_phases,
-    find_steps,
     innermost_containing,
+    resolve_steps,
     step_spans,
     window_mask,
 )
@@ -51,19 +52,28 @@ class RankResult:
     #: "inferred" (the capture's periodic structure), "window" (the whole GPU window as one step),
     #: or None when the rank has neither ranges nor GPU work.
     step_source: str | None = None
+    #: The framework whose marker matched (``convention``), or the kernels per inferred
+    #: iteration (``inferred``): what the report says next to ``step_source``.
+    step_detail: str | None = None
+    #: Collectives by type (metrics.collectives.by_type): {"totals", "steps", "null_reasons"}.
+    collectives_by_type: dict[str, Any] = field(default_factory=dict)
+    #: This rank's row of the rank × peer matrix (metrics.collectives.peer_matrix): {"rows", "null_reason"}.
+    peers: dict[str, Any] = field(default_factory=dict)
 
 
 def analyse_rank(
     rank: int,
     capture: Capture,
     *,
-    step_patterns: Sequence[str] = DEFAULT_STEP_PATTERNS,
+    step_patterns: Sequence[str] = (),
+    step_sources: Sequence[str] = STEP_SOURCES,
     ranks_analysed: int = 1,
 ) -> RankResult:
     info = capture.info
-    steps = find_steps(capture.ranges, step_patterns)
-    phases = find_phases(capture.ranges, steps)
-    ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases)
+    resolved = resolve_steps(capture.ranges, capture.gpu_ops, step_patterns, step_sources)
+    steps = resolved.steps
+    phases = find_phases(capture.ranges, steps) if not resolved.gpu_timed else find_phases(capture.ranges, steps[:0])
+    ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases, gpu_timed=resolved.gpu_timed)
     ops = nccl.mark_nccl(ops, capture.strings, collective=False)  # collective: on NCCL rows below
     ops = _with_nccl_payload(ops, capture.ranges)
     spans = step_spans(ops)
@@ -73,7 +83,7 @@ def analyse_rank(
     # The step table is the largest single piece and reads only ``ops``: it runs on a second
     # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
     with ThreadPoolExecutor(max_workers=1) as pool:
-        step_table = pool.submit(_step_rows, steps, phases, ops, spans)
+        step_table = pool.submit(_step_rows, steps, phases, ops, spans, gpu_timed=resolved.gpu_timed)
         m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps)
         step_rows, span_total, nccl_in_steps = step_table.result()
     m["gpu_span_ns"] = span_total
@@ -94,6 +104,16 @@ def analyse_rank(
         _null_gpu_metrics(m, null)
 
     models = _gpu_models(capture, window)
+    by_type, peers = collectives.breakdown(
+        rank,
+        ops,
+        mask,
+        nccl_ops,
+        steps,
+        capture.ranges,
+        nccl_domain=NCCL_DOMAIN,
+        group_size=info.world_size or ranks_analysed,
+    )
     return RankResult(
         rank=rank,
         metrics=m,
@@ -104,7 +124,20 @@ def analyse_rank(
         health=_health(capture, ops, steps),
         gpu_models=models,
         spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
+        step_source=resolved.source,
+        step_detail=_step_detail(resolved),
+        collectives_by_type=by_type,
+        peers=peers,
     )
+
+
+def _step_detail(resolved: ResolvedSteps) -> str | None:
+    if resolved.source == "convention":
+        return resolved.convention
+    if resolved.source == "inferred":
+        periods = sorted(set(resolved.period_kernels.values()))
+        return f"{', '.join(map(str, periods))} kernels per iteration"
+    return None
 
 
 def _window_metrics(
@@ -148,11 +181,18 @@ def _window_metrics(
             else "all-reduce message sizes are not in this capture (nsys: export with "
             "`nsys export --type sqlite --include-blobs=true`; or capture with torch.profiler)"
         )
-    if m["dtod_bytes_per_step"] is not None and m["allreduce_bytes_per_step"]:
-        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["allreduce_bytes_per_step"]
+    # The gradient payload rides on all-reduce (DDP) or reduce-scatter (FSDP/ZeRO): whichever
+    # carries more bytes in the steps (metrics.collectives.gradient_reduction).
+    grad_collective, grad_bytes, grad_reason = collectives.gradient_reduction(nccl_in_step, step_count)
+    m["gradient_reduction_collective"] = grad_collective
+    m["gradient_reduction_bytes_per_step"] = grad_bytes
+    if grad_bytes is None:
+        null["gradient_reduction_bytes_per_step"] = _no_steps_reason(capture) if not step_count else str(grad_reason)
+    if m["dtod_bytes_per_step"] is not None and m["gradient_reduction_bytes_per_step"]:
+        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["gradient_reduction_bytes_per_step"]
     else:
         m["dtod_to_gradient_ratio"] = None
-        null["dtod_to_gradient_ratio"] = null.get("dtod_bytes_per_step") or null["allreduce_bytes_per_step"]
+        null["dtod_to_gradient_ratio"] = null.get("dtod_bytes_per_step") or null["gradient_reduction_bytes_per_step"]
 
     pageable, known_bytes = copies.pageable_bytes(window)
     m["host_device_bytes"] = known_bytes
@@ -182,6 +222,7 @@ def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
         "gpu_to_cpu_copy_rate",
         "dtod_bytes_per_step",
         "allreduce_bytes_per_step",
+        "gradient_reduction_bytes_per_step",
         "dtod_to_gradient_ratio",
         "pageable_host_share",
         "nccl_share_of_step",
@@ -200,9 +241,16 @@ def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
 
 
 def _no_steps_reason(capture: Capture) -> str:
+    """Why a rank has no step at all: no marker range, and no GPU work to infer steps from
+    (with GPU work, the ``window`` source always yields one)."""
+    if capture.gpu_ops.height:
+        return "no step marker matched and the step sources tried found none (see --step-source)"
     if not capture.info.has_ranges or capture.ranges.height == 0:
-        return "no NVTX / user-annotation ranges in the capture, so no steps"
-    return "no range matches the profile's step pattern (e.g. `Batch 3`, `ProfilerStep#3`)"
+        return "no NVTX / user-annotation ranges and no GPU work in the capture, so no steps"
+    return (
+        "no range matches a step pattern or a known training-loop marker (e.g. `Batch 3`, `ProfilerStep#3`; "
+        "give yours with --step-pattern), and the capture has no GPU work to infer steps from"
+    )
 
 
 def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
@@ -227,9 +275,12 @@ def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
 
 
 def _step_rows(
-    steps: pl.DataFrame, phases: pl.DataFrame, ops: pl.DataFrame, spans: pl.DataFrame
+    steps: pl.DataFrame, phases: pl.DataFrame, ops: pl.DataFrame, spans: pl.DataFrame, *, gpu_timed: bool = False
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """The step breakdown of the JSON contract, plus Σ GPU spans and Σ NCCL time in steps."""
+    """The step breakdown of the JSON contract, plus Σ GPU spans and Σ NCCL time in steps.
+
+    ``cpu_ns`` is the step range's duration on the CPU; GPU-timed steps (inferred, window) have
+    no CPU range, so it is None for them."""
     if steps.height == 0:
         return [], 0, 0
     in_steps = ops.lazy().filter(pl.col("step_id").is_not_null())
@@ -303,7 +354,7 @@ def _step_rows(
                 "name": row["name"],
                 "index": int(row["index"]),
                 "start_ns": int(row["start"]),
-                "cpu_ns": int(row["end"] - row["start"]),
+                "cpu_ns": None if gpu_timed else int(row["end"] - row["start"]),
                 "gpu_span_ns": span,
                 "nccl_ns": nccl_ns,
                 "nccl_share": (nccl_ns / span) if span else None,

@@ -159,15 +159,20 @@ class RunResult:
 def analyse_run(
     ranks: Sequence[tuple[int, Any]],
     *,
-    step_patterns: Sequence[str] | None = None,
+    step_patterns: Sequence[str] = (),
+    step_sources: Sequence[str] | None = None,
 ) -> RunResult:
-    """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture)."""
-    from traceguard.metrics.rank import analyse_rank
-    from traceguard.metrics.steps import DEFAULT_STEP_PATTERNS
+    """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture).
 
-    patterns = tuple(step_patterns) if step_patterns else DEFAULT_STEP_PATTERNS
+    ``step_patterns``: the user's and the profile's step regexes; ``step_sources``: the step
+    sources tried, in order (default all: pattern, convention, inferred, window)."""
+    from traceguard.metrics.rank import analyse_rank
+    from traceguard.metrics.steps import STEP_SOURCES
+
+    sources = tuple(step_sources) if step_sources else STEP_SOURCES
     results = [
-        analyse_rank(rank, capture, step_patterns=patterns, ranks_analysed=len(ranks)) for rank, capture in ranks
+        analyse_rank(rank, capture, step_patterns=step_patterns, step_sources=sources, ranks_analysed=len(ranks))
+        for rank, capture in ranks
     ]
     metrics, null = reduce_run(results)
     _, steps, _ = straggler(results)

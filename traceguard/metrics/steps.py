@@ -1,24 +1,85 @@
 """Steps, phases and the attribution of GPU work to them (DESIGN.md, "Steps", "Attribution").
 
-- A **step** is a range whose name matches one of the profile's step patterns, outside NCCL's
-  own NVTX domain; when matching ranges nest, the innermost one is the step.
+- A **step** comes from the first source that yields any for the rank (:func:`resolve_steps`):
+  ``pattern`` (a range matching the user's or the profile's step patterns), ``convention`` (a
+  range matching a known training loop's per-iteration marker, :data:`CONVENTIONS`),
+  ``inferred`` or ``window`` (:mod:`traceguard.metrics.step_inference`). Ranges of NCCL's own
+  NVTX domain are never steps; when matching ranges nest, the innermost one is the step.
 - A **phase** is a range nested directly inside a step on the step's thread.
 - A GPU op belongs to the innermost step (and phase) of its own process whose interval contains
   the start of the op's launching API call (joined on correlation id within the process), on any
-  thread. A step's GPU span is [first attributed op start, last attributed op end].
+  thread. Inferred and window steps are intervals of the GPU timeline: an op belongs to the one
+  that contains its own start. A step's GPU span is [first attributed op start, last attributed
+  op end].
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import polars as pl
 
 from traceguard import model
 from traceguard.metrics.intervals import containing_rows, gather_rows
+from traceguard.metrics.step_inference import inferred_steps, window_steps
 
-DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"(?i)^(batch|step|iteration)[ _#]?\d+$", r"^ProfilerStep#\d+$")
 NCCL_DOMAIN = "NCCL"
+
+#: Step sources in the order they are tried (DESIGN.md, "Steps").
+STEP_SOURCES: tuple[str, ...] = ("pattern", "convention", "inferred", "window")
+#: Sources whose steps lie on the GPU timeline (attributed by GPU start, not by launch).
+GPU_TIMED_SOURCES = frozenset({"inferred", "window"})
+
+
+@dataclass(frozen=True)
+class Convention:
+    """A training loop's own per-iteration range: who emits it and where (provenance)."""
+
+    framework: str
+    pattern: str
+    source: str
+
+
+#: Per-iteration markers of the training loops people run, tried one framework at a time in
+#: this order (specific before generic). Names end at ``$`` or at ``,``: under
+#: ``torch.autograd.profiler.emit_nvtx`` (Megatron-LM's and NeMo's nsys modes, Lightning's
+#: ``emit_nvtx=True``) every range name gets ``, op_id = N`` appended (pytorch
+#: torch/csrc/profiler/util.cpp ``getNvtxStr``). Megatron-LM's nsys mode, NeMo's NsysCallback,
+#: DeepSpeed (``DeepSpeedEngine.forward``/``backward`` ranges, per micro-batch) and the Hugging
+#: Face Trainer emit no per-iteration range of their own: their captures get inferred steps.
+CONVENTIONS: tuple[Convention, ...] = (
+    Convention(
+        "traceguard harness",
+        r"^Batch \d+(?:,|$)",
+        "traceguard/capture/ddp_job.py: an NVTX (and record_function) range `Batch N` around each step",
+    ),
+    Convention(
+        "Megatron-Bridge",
+        r"^training_step_\d+(?:,|$)",
+        "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/train.py train() (PR #5642): "
+        "nvtx_range_push(`training_step_<step>`) around each iteration",
+    ),
+    Convention(
+        "PyTorch Lightning",
+        r"^\[pl\]\[profile\]run_training_batch(?:,|$)",
+        "Lightning-AI/pytorch-lightning src/lightning/pytorch/loops/training_epoch_loop.py advance(): "
+        "profile(`run_training_batch`), recorded as `[pl][profile]run_training_batch` (one per batch)",
+    ),
+    Convention(
+        "torch.profiler",
+        r"^ProfilerStep#\d+(?:,|$)",
+        "pytorch torch/profiler/profiler.py profile.step(): record_function(`ProfilerStep#N`); the marker of "
+        "torchtitan (torchtitan/train.py), Megatron-LM --use-pytorch-profiler (megatron/training/training.py) "
+        "and Trainer callbacks that call prof.step()",
+    ),
+    Convention(
+        "generic",
+        r"(?i)^(?:batch|step|iteration|iter)[ _#:-]?\d+(?:,|$)",
+        "hand-written loops: `step 12`, `iteration3` (the torch.cuda.nvtx examples), `iter_4`",
+    ),
+)
 
 _STEP_COLUMNS = ["rank", "pid", "tid", "range_id", "name", "start", "end", "depth"]
 
@@ -27,7 +88,7 @@ def _not_nccl(ranges: pl.DataFrame) -> pl.DataFrame:
     return ranges.filter(pl.col("domain").is_null() | (pl.col("domain") != NCCL_DOMAIN))
 
 
-def find_steps(ranges: pl.DataFrame, patterns: Sequence[str] = DEFAULT_STEP_PATTERNS) -> pl.DataFrame:
+def find_steps(ranges: pl.DataFrame, patterns: Sequence[str]) -> pl.DataFrame:
     """Step ranges, innermost when matches nest, with ``index`` = position in time in the rank."""
     if not patterns or ranges.height == 0:
         return pl.DataFrame(schema={**ranges.select(_STEP_COLUMNS).schema, "index": pl.Int64})
@@ -41,6 +102,71 @@ def find_steps(ranges: pl.DataFrame, patterns: Sequence[str] = DEFAULT_STEP_PATT
     contains_next = next_start.is_not_null() & (next_start < pl.col("end")) & (next_end <= pl.col("end"))
     steps = ordered.filter(~contains_next.fill_null(False))
     return steps.sort("start").with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("index"))
+
+
+@dataclass
+class ResolvedSteps:
+    """A rank's steps and where they came from."""
+
+    steps: pl.DataFrame
+    #: One of :data:`STEP_SOURCES`, or None when no source yields a step.
+    source: str | None
+    #: For ``inferred``: kernels per iteration, per process.
+    period_kernels: dict[int, int]
+    #: For ``convention``: the framework whose marker matched.
+    convention: str | None = None
+
+    @property
+    def gpu_timed(self) -> bool:
+        return self.source in GPU_TIMED_SOURCES
+
+
+def _indexed(steps: pl.DataFrame) -> pl.DataFrame:
+    return steps.sort("start").with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("index"))
+
+
+def resolve_steps(
+    ranges: pl.DataFrame,
+    gpu_ops: pl.DataFrame,
+    patterns: Sequence[str] = (),
+    sources: Sequence[str] = STEP_SOURCES,
+) -> ResolvedSteps:
+    """The rank's steps from the first of ``sources`` that yields any (DESIGN.md, "Steps").
+
+    ``patterns`` are the user's and the profile's regexes (source ``pattern``); conventions are
+    tried one framework at a time, in :data:`CONVENTIONS` order, so two loops' markers in one
+    capture never mix."""
+    unknown = set(sources) - set(STEP_SOURCES)
+    if unknown:
+        raise ValueError(f"unknown step source(s) {sorted(unknown)}; known: {', '.join(STEP_SOURCES)}")
+    for source in sources:
+        if source == "pattern" and patterns:
+            steps = find_steps(ranges, patterns)
+            if steps.height:
+                return ResolvedSteps(steps, "pattern", {})
+        elif source == "convention":
+            for convention in CONVENTIONS:
+                steps = find_steps(ranges, [convention.pattern])
+                if steps.height:
+                    return ResolvedSteps(steps, "convention", {}, convention.framework)
+        elif source == "inferred":
+            steps, periods = inferred_steps(gpu_ops)
+            if steps.height:
+                return ResolvedSteps(_indexed(steps), "inferred", {p: v.kernels for p, v in periods.items()})
+        elif source == "window":
+            steps = window_steps(gpu_ops)
+            if steps.height:
+                return ResolvedSteps(_indexed(steps), "window", {})
+    return ResolvedSteps(find_steps(ranges, []), None, {})
+
+
+def validate_patterns(patterns: Sequence[str]) -> None:
+    """Raise ValueError naming the first pattern that is not a valid regular expression."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"step pattern {pattern!r} is not a valid regular expression: {exc}") from None
 
 
 def find_phases(ranges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -147,19 +273,25 @@ def innermost_containing(
 
 
 def attribute(
-    gpu_ops: pl.DataFrame, api_calls: pl.DataFrame, steps: pl.DataFrame, phases: pl.DataFrame
+    gpu_ops: pl.DataFrame,
+    api_calls: pl.DataFrame,
+    steps: pl.DataFrame,
+    phases: pl.DataFrame,
+    *,
+    gpu_timed: bool = False,
 ) -> pl.DataFrame:
     """GPU ops with ``launch_start``, ``launch_tid``, ``step_id`` and ``phase_id`` (null if none).
 
     Same rule as :func:`containing_ids` for the steps (by process), then for the phases of each
-    op's step (by process and step)."""
+    op's step (by process and step). The point is the op's launch start, or with ``gpu_timed``
+    steps (inferred, window) the op's own GPU start."""
     ops = with_launches(gpu_ops, api_calls)
     n = ops.height
     step_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step_id")
     phase_id = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("phase_id")
     if not steps.height:
         return model.add_columns(ops, [step_id, phase_id])
-    points = ops.select("pid", pl.col("launch_start").alias("_p"))
+    points = ops.select("pid", pl.col("start" if gpu_timed else "launch_start").alias("_p"))
     step_ranges = steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id"))
     step_id = containing_ids(points, "_p", step_ranges, "step_id", ["pid"])
     if phases.height:

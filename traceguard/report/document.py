@@ -133,6 +133,8 @@ def build(
         "ranks": [
             {
                 "rank": r.rank,
+                "step_source": r.step_source,
+                "step_detail": r.step_detail,
                 "input": input_of_rank.get(r.rank),
                 "gpu_models": r.gpu_models,
                 "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS),
