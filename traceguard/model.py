@@ -60,7 +60,9 @@ OpKind = pl.Enum(list(OP_KINDS))
 #: Kernels, memcpys and memsets. ``bytes`` is null for kernels; ``copy_kind``/``src_kind``/
 #: ``dst_kind`` only for memcpys. ``msg_bytes``/``group_size`` are the collective's message size
 #: (nccl-tests convention: the larger of input and output buffers) and communicator size when the
-#: source records them (Kineto args, NCCL NVTX payloads), else null.
+#: source records them (Kineto args, NCCL NVTX payloads), else null. ``peer`` is the other rank of a
+#: point-to-point op (send/recv) when the source names it (Kineto ``Dst Rank``/``Src Rank``); the
+#: nsys reader leaves it null and the metrics take it from NCCL's ranges (``payload_peer``).
 GPU_OPS_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
     "pid": pl.Int32(),
@@ -77,6 +79,7 @@ GPU_OPS_SCHEMA: dict[str, pl.DataType] = {
     "dst_kind": MemKind,
     "msg_bytes": pl.Int64(),
     "group_size": pl.Int32(),
+    "peer": pl.Int32(),
 }
 
 #: Optional columns of ``gpu_ops``: the op's launching API call (start, thread, name), null when
@@ -102,7 +105,9 @@ API_CALLS_SCHEMA: dict[str, pl.DataType] = {
 
 #: NVTX push/pop and start/end ranges, or Kineto user annotations and ``ProfilerStep#N``.
 #: ``depth``/``parent`` describe nesting among ranges of the same (pid, tid); ``domain`` is null
-#: for the default domain. ``payload_bytes`` is an NCCL range's message size when recorded.
+#: for the default domain. ``payload_bytes`` is an NCCL range's message size when recorded;
+#: ``payload_peer`` the "Peer rank" of an NCCL ``ncclSend``/``ncclRecv`` range (its rank in the
+#: communicator) when the export carries NCCL's NVTX payloads (``--include-blobs=true``).
 RANGES_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
     "pid": pl.Int32(),
@@ -115,6 +120,7 @@ RANGES_SCHEMA: dict[str, pl.DataType] = {
     "depth": pl.Int32(),
     "parent": pl.Int64(),
     "payload_bytes": pl.Int64(),
+    "payload_peer": pl.Int32(),
 }
 
 #: GPUs the capture describes (a rank's nsys file lists every GPU of its node).

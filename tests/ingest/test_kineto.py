@@ -287,7 +287,7 @@ def test_events_with_missing_or_odd_fields_are_skipped(tmp_path: Path) -> None:
     assert cap.gpu_ops.row(0, named=True) | {"name_id": 0} == {
         "rank": None, "pid": 9, "device": 0, "stream": 7, "kind": "kernel", "start": 10_500,
         "end": 12_500, "name_id": 0, "correlation_id": 1, "bytes": None, "copy_kind": None,
-        "src_kind": None, "dst_kind": None, "msg_bytes": None, "group_size": None,
+        "src_kind": None, "dst_kind": None, "msg_bytes": None, "group_size": None, "peer": None,
     }  # fmt: skip
     assert cap.api_calls.height == 2
     assert cap.api_calls["correlation_id"].to_list() == [1, None]

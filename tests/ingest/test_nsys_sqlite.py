@@ -239,11 +239,22 @@ def test_enum_mapping_with_tables(unpacked) -> None:
     assert htod["dst_kind"].cast(pl.String).unique().to_list() == ["device"]
 
 
-def test_domain_without_creation_row_is_named_by_id(unpacked) -> None:
-    cap = _capture(unpacked(public_nsys("mfu_2gpu_before")))
+def test_nccl_domain_without_creation_row_is_named_from_its_payload_schemas(unpacked) -> None:
+    """mfu_2gpu_before was cut to a window and lost NCCL's domain-create row; NCCL's payload
+    schemas (the only ones with "NCCL communicator ID") still name domain 1."""
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    created = conn.execute("SELECT COUNT(*) FROM NVTX_EVENTS WHERE eventType = 75").fetchone()[0]
+    nccl_domains = conn.execute(
+        "SELECT DISTINCT domainId FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'NCCL communicator ID'"
+    ).fetchall()
+    by_domain = dict(conn.execute("SELECT domainId, COUNT(*) FROM NVTX_EVENTS GROUP BY domainId").fetchall())
+    conn.close()
+    assert created == 0 and nccl_domains == [(1,)]
+    cap = _capture(db)
     counts = dict(cap.ranges.group_by("domain").len().iter_rows())
-    assert counts == {None: 18656, "domain 1": 462}
-    assert cap.info.nvtx_domains == []
+    assert counts == {None: by_domain[0], "NCCL": by_domain[1]}
+    assert cap.info.nvtx_domains == ["NCCL"]
 
 
 def test_ranges_nest(unpacked) -> None:
@@ -271,7 +282,7 @@ def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     ranges = read_nsys_sqlite(db).ranges
-    domain_1 = ranges.filter(pl.col("domain") == "domain 1")
+    domain_1 = ranges.filter(pl.col("domain") == "NCCL")
     assert domain_1.height == 462
     assert domain_1["payload_bytes"].to_list() == [123456789] * 462
     assert ranges.filter(pl.col("domain").is_null())["payload_bytes"].null_count() == 18656

@@ -118,6 +118,9 @@ class _Args(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     group_size: Any = msgspec.field(default=None, name="Group size")
     dtype: Any = None
+    # Point-to-point peers (PyTorch >= 2.4 profiler, global ranks): send → "Dst Rank", recv → "Src Rank".
+    dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
+    src_rank: Any = msgspec.field(default=None, name="Src Rank")
 
 
 _NO_ARGS = _Args()
@@ -303,6 +306,11 @@ def _int(values: list[Any]) -> pl.Series:
     return pl.Series(values, dtype=pl.Int64, strict=False)
 
 
+def _rank_arg(values: list[Any]) -> pl.Series:
+    """A rank written as a number or as its text (PyTorch writes collective metadata as strings)."""
+    return pl.Series(values, dtype=pl.String, strict=False).str.strip_chars().cast(pl.Int32, strict=False)
+
+
 def _str(values: list[Any]) -> pl.Series:
     return pl.Series(values, dtype=pl.String, strict=False)
 
@@ -347,6 +355,7 @@ def _gpu_ops(items: list[_Event], kinds: list[str]) -> pl.DataFrame:
             out_nelems=_int(_column(args, "out_nelems")),
             group_size=_int(_column(args, "group_size")),
             dtype=_str(_column(args, "dtype")),
+            peer=pl.coalesce(_rank_arg(_column(args, "dst_rank")), _rank_arg(_column(args, "src_rank"))),
         )
         .with_columns(
             device=pl.coalesce("device", "pid"),  # GPU events carry pid = device

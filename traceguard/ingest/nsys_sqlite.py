@@ -372,6 +372,14 @@ class _Reader:
         for domain_id, name in rows:
             if isinstance(domain_id, int) and isinstance(name, str):
                 names.setdefault(domain_id, name)
+        # A capture cut to a time window (nsys-ai's fixtures) can lose the domain-create row; NCCL's
+        # domain still shows in its payload schemas, which alone carry "NCCL communicator ID".
+        table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+        if table in self.tables and {"domainId", "name"} <= self.columns(table):
+            sql = f"SELECT DISTINCT domainId FROM {table} WHERE name = 'NCCL communicator ID'"
+            for (domain_id,) in self.small(sql):
+                if isinstance(domain_id, int) and domain_id not in names:
+                    names[domain_id] = "NCCL"
         return names
 
     def info(self, domains: dict[int, str]) -> model.CaptureInfo:
@@ -740,6 +748,20 @@ class _Reader:
                 offsets.setdefault(domain_id, set()).add(offset)
         return {d: next(iter(o)) for d, o in offsets.items() if len(o) == 1}
 
+    def peer_offsets(self) -> dict[tuple[int, int], int]:
+        """(domainId, schemaId) → byte offset of the int32 "Peer rank" field (NCCL's
+        ``ncclSend``/``ncclRecv`` schemas). Decoded only where a blob's header names its schema:
+        other NCCL schemas hold different fields at the same offset (the reduction op, the root)."""
+        table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+        if table not in self.tables or not {"domainId", "schemaId", "name", "offset"} <= self.columns(table):
+            return {}
+        rows = self.small(f"SELECT DISTINCT domainId, schemaId, offset FROM {table} WHERE name = 'Peer rank'")
+        found: dict[tuple[int, int], set[int]] = {}
+        for domain_id, schema_id, offset in rows:
+            if all(isinstance(v, int) for v in (domain_id, schema_id, offset)) and offset >= 0:
+                found.setdefault((domain_id, schema_id), set()).add(offset)
+        return {key: next(iter(o)) for key, o in found.items() if len(o) == 1}
+
     def ranges(self, strings: pl.DataFrame, domains: dict[int, str]) -> pl.DataFrame:
         cols = self.columns(NVTX)
         if NVTX not in self.tables or not {"start", "end", "eventType"} <= cols:
@@ -751,7 +773,8 @@ class _Reader:
         spec.append(("text_id", "textId" if "textId" in cols else "NULL", _INT))
         spec.append(("domain_id", "domainId" if "domainId" in cols else "NULL", _INT))
         offsets = self.payload_offsets()
-        if offsets and "binaryData" in cols:
+        peer_offsets = self.peer_offsets()
+        if (offsets or peer_offsets) and "binaryData" in cols:
             spec.append(("payload", "binaryData", _BLOB))
         where = f"WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND end IS NOT NULL"
         frame = self.bulk(NVTX, spec, where)
@@ -776,6 +799,7 @@ class _Reader:
             )
         )
         payload = pl.lit(None, dtype=pl.Int64)
+        peer = pl.lit(None, dtype=pl.Int32)
         if "payload" in frame.columns:
             frame = frame.with_columns(_payload_base(pl.col("payload")).alias("payload_base"))
             bases = [b for b in frame["payload_base"].unique().to_list() if b is not None]
@@ -790,10 +814,19 @@ class _Reader:
                     hit = (domain_id == domain_key) & (pl.col("payload_base") == base)
                     hit = hit & (pl.col("payload").bin.size() >= base + offset + 8)
                     payload = pl.when(hit).then(value).otherwise(payload)
+            schema_id = _payload_schema(pl.col("payload"))
+            for (domain_key, schema_key), offset in peer_offsets.items():  # per schema, not per event
+                for base in bases:
+                    hit = (domain_id == domain_key) & (schema_id == schema_key) & (pl.col("payload_base") == base)
+                    hit = hit & (pl.col("payload").bin.size() >= base + offset + 4)
+                    field = pl.col("payload").bin.slice(base + offset, 4)
+                    value = field.bin.reinterpret(dtype=pl.Int32, endianness="little")
+                    peer = pl.when(hit).then(value).otherwise(peer)
         frame = frame.with_columns(
             name.alias("name"),
             domain.alias("domain"),
             payload.alias("payload_bytes"),
+            peer.alias("payload_peer"),
             pl.int_range(pl.len(), dtype=pl.Int64).alias("range_id"),
         )
         nested = model.nest_ranges(model.conform(frame, model.RANGES_SCHEMA))
@@ -847,6 +880,13 @@ def _payload_base(blob: pl.Expr) -> pl.Expr:
     header_offset = _u64_at(blob, 24)
     sane = has_header & (header_offset >= 32) & (header_offset < blob.bin.size())
     return pl.when(sane).then(header_offset).otherwise(pl.lit(0, dtype=pl.Int64))
+
+
+def _payload_schema(blob: pl.Expr) -> pl.Expr:
+    """The schema id a blob's header names (uint64 after the count; see :func:`_payload_base`),
+    null for a blob without that header."""
+    has_header = (blob.bin.size() >= 32) & (_u64_at(blob, 0) == 1)
+    return pl.when(has_header).then(_u64_at(blob, 8))
 
 
 def _release_free_memory() -> None:
