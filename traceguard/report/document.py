@@ -41,12 +41,17 @@ EXTRA_METRICS = (
     "gpu_span_ns",
     "nccl_step_ns",
     "allreduce_bytes_per_step",
+    "gradient_reduction_bytes_per_step",
+    "gradient_reduction_collective",
     "dtod_to_gradient_ratio",
     "host_device_bytes",
     "pageable_host_bytes",
     "pageable_host_share",
+    # Evidence the checks' floors read (DESIGN.md, "Minimum evidence").
+    "host_device_copies",
+    "host_device_bytes_per_step",
 )
-RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models")
+RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models", "straggler_steps_compared", "gpu_model_ranks")
 LINK_METRICS = (
     "transport_fallback_pairs",
     "nccl_transports",
@@ -55,6 +60,10 @@ LINK_METRICS = (
     "p2p_utilization",
     "allreduce_peak_busbw_gbps",
     "allreduce_small_latency_us",
+    "nccl_connections",
+    "pcie_samples",
+    "allreduce_largest_bytes",
+    "allreduce_small_samples",
 )
 
 
@@ -73,6 +82,15 @@ def _metrics(values: dict[str, Any], null_reasons: dict[str, str], keys: tuple[s
     out = {k: values.get(k) for k in keys}
     out["null_reasons"] = {k: null_reasons[k] for k in keys if out.get(k) is None and k in null_reasons}
     return out
+
+
+#: Why a peer matrix is empty when no rank was analysed.
+NO_RANKS = "no rank was analysed"
+
+
+def _by_type(doc: dict[str, Any]) -> dict[str, Any]:
+    """``ranks[].collectives_by_type``: totals over the window, rows per step, null reasons."""
+    return {"totals": doc.get("totals", []), "steps": doc.get("steps", []), "null_reasons": doc.get("null_reasons", {})}
 
 
 def _collectives(frame: pl.DataFrame) -> list[dict[str, Any]]:
@@ -119,6 +137,8 @@ def build(
                 ),
             },
             "collectives": [row for r in ranks for row in _collectives(r.collectives)],
+            "collectives_by_type": result.collectives_by_type if result else [],
+            "peer_matrix": (result.peer_matrix if result else None) or {"rows": [], "null_reason": NO_RANKS},
             "straggler_steps": [
                 {
                     "index": s.index,
@@ -158,6 +178,8 @@ def build(
                     for s in r.steps
                 ],
                 "collectives": _collectives(r.collectives),
+                "collectives_by_type": _by_type(r.collectives_by_type),
+                "peers": r.peers or {"rows": [], "null_reason": NO_RANKS},
                 "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,
             }
             for r in ranks
