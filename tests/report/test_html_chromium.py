@@ -148,3 +148,89 @@ def test_html_report_renders_in_chromium(browser, report_page, unpacked, tmp_pat
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 1000 and height >= 1000
     assert len(data) > 50_000  # charts and tables, not a blank page
+
+
+def _p2p_kernels_by_device(db: Path) -> dict[int, tuple[int, int]]:
+    """deviceId → (SendRecv kernels, Σ their durations in ns), by plain SQL."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute(
+        "SELECT k.deviceId, COUNT(*), SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'ncclDevKernel_SendRecv%' GROUP BY k.deviceId"
+    ).fetchall()
+    con.close()
+    return {device: (count, total) for device, count, total in rows}
+
+
+@pytest.fixture(scope="module")
+def mfu_page(tmp_path_factory: pytest.TempPathFactory, unpacked) -> tuple[dict, Path, Path]:
+    """nsys-ai's 2-GPU capture (ncclSend/ncclRecv, SendRecv kernels) in window mode."""
+    from tests.conftest import public_nsys
+
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tg-cache"))
+        report = analyze([str(db)], step_sources=["window"]).report
+    page = tmp_path_factory.mktemp("html-mfu") / "report.html"
+    page.write_text(html.render(report))
+    return report, page, db
+
+
+def _open(browser, path: Path):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, offline=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(path.as_uri(), wait_until="load")
+    return context, page, errors
+
+
+def test_collective_type_chart_and_peer_heatmap_render(browser, mfu_page) -> None:
+    """The by-type chart holds each rank's SendRecv time and the heatmap each (rank, peer) cell,
+    both equal to what plain SQL sums from the kernel table."""
+    report, path, db = mfu_page
+    expected = _p2p_kernels_by_device(db)
+    assert sorted(expected) == [0, 1]  # ranks 0 and 1 are devices 0 and 1 (lowest device first)
+    assert [r["peers"]["rows"][0]["kernels"] for r in report["ranks"]] == [expected[0][0], expected[1][0]]
+    context, page, errors = _open(browser, path)
+    try:
+        page.wait_for_selector("#collectives-by-type svg.main-svg", timeout=15_000)
+        page.wait_for_selector("#peer-matrix svg.main-svg", timeout=15_000)
+        assert errors == []
+        traces = page.evaluate(
+            "() => document.getElementById('collectives-by-type').data.map(t => ({name: t.name, x: t.x, y: t.y}))"
+        )
+        sendrecv = next(t for t in traces if t["name"] == "SendRecv")
+        assert sendrecv["x"] == ["rank 0", "rank 1"]
+        assert sendrecv["y"] == pytest.approx([expected[0][1] / 1e6, expected[1][1] / 1e6])
+        assert page.locator("#collectives-by-type .barlayer .trace .point path").count() == 2
+        heat = page.evaluate(
+            "() => { const t = document.getElementById('peer-matrix').data[0]; return [t.x, t.y, t.z] }"
+        )
+        assert heat[0] == ["peer 0", "peer 1"] and heat[1] == ["rank 0", "rank 1"]
+        assert heat[2][0][0] is None and heat[2][1][1] is None
+        assert heat[2][0][1] == pytest.approx(expected[0][1] / 1e6)
+        assert heat[2][1][0] == pytest.approx(expected[1][1] / 1e6)
+        rows = page.locator("#collectives-table tr[data-collective='SendRecv']")
+        assert rows.count() == 2
+        assert [rows.nth(i).locator("td").nth(2).inner_text() for i in range(2)] == [
+            str(expected[0][0]),
+            str(expected[1][0]),
+        ]
+    finally:
+        context.close()
+
+
+def test_allreduce_run_draws_types_and_says_why_no_peers(browser, report_page) -> None:
+    report, path = report_page
+    context, page, errors = _open(browser, path)
+    try:
+        page.wait_for_selector("#collectives-by-type svg.main-svg", timeout=15_000)
+        assert errors == []
+        names = page.evaluate("() => document.getElementById('collectives-by-type').data.map(t => t.name)")
+        assert "AllReduce" in names
+        assert page.locator("#peer-matrix").count() == 0
+        reason = page.locator("#peer-null-reason").inner_text()
+        assert reason.endswith(report["run"]["peer_matrix"]["null_reason"])
+    finally:
+        context.close()

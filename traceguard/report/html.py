@@ -91,6 +91,100 @@ def nccl_share_figure(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
+def collectives_by_type_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Kernel time per collective type per rank (stacked), with each rank's exposed time marked."""
+    ranks = [r for r in doc["ranks"] if (r.get("collectives_by_type") or {}).get("totals")]
+    if not ranks:
+        return None
+    labels = [f"rank {r['rank']}" for r in ranks]
+    types: list[str] = []
+    for rank in ranks:
+        for row in rank["collectives_by_type"]["totals"]:
+            if row["collective"] not in types:
+                types.append(row["collective"])
+    fig = go.Figure()
+    for name in types:
+        rows = [next((t for t in r["collectives_by_type"]["totals"] if t["collective"] == name), None) for r in ranks]
+        fig.add_bar(
+            name=name,
+            x=labels,
+            y=[row["time_ns"] / 1e6 if row else 0 for row in rows],
+            customdata=[
+                [row["count"], row["exposed_ns"] / 1e6, value_h("bytes", row["bytes"])] if row else [0, 0, "n/a"]
+                for row in rows
+            ],
+            hovertemplate=f"{name} · %{{x}}: %{{y:.2f}} ms in %{{customdata[0]}} kernels, "
+            "%{customdata[1]:.2f} ms exposed, %{customdata[2]}<extra></extra>",
+        )
+    exposed = [sum(t["exposed_ns"] for t in r["collectives_by_type"]["totals"]) / 1e6 for r in ranks]
+    fig.add_scatter(name="exposed (all types)", x=labels, y=exposed, mode="markers", marker={"symbol": "x", "size": 12})
+    fig.update_layout(
+        barmode="stack",
+        title="NCCL kernel time per collective type and rank",
+        yaxis_title="ms",
+        legend={"orientation": "h"},
+        height=420,
+        margin={"t": 60},
+    )
+    return fig
+
+
+def peer_matrix_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Heatmap of point-to-point kernel time per (rank, peer), with kernels and bytes as text."""
+    rows = (doc["run"].get("peer_matrix") or {}).get("rows") or []
+    if not rows:
+        return None
+    ranks = sorted({r["rank"] for r in rows} | {r["peer"] for r in rows})
+    cell = {(r["rank"], r["peer"]): r for r in rows}
+    z = [[cell[(a, b)]["time_ns"] / 1e6 if (a, b) in cell else None for b in ranks] for a in ranks]
+    text = [
+        [
+            f"{cell[(a, b)]['kernels']} kernels<br>{value_h('bytes', cell[(a, b)]['bytes'])}" if (a, b) in cell else ""
+            for b in ranks
+        ]
+        for a in ranks
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"peer {p}" for p in ranks],
+            y=[f"rank {r}" for r in ranks],
+            text=text,
+            texttemplate="%{text}",
+            colorscale="Blues",
+            colorbar={"title": "ms"},
+            hovertemplate="%{y} → %{x}: %{z:.2f} ms<br>%{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="Point-to-point kernel time per rank and peer",
+        height=max(260, 60 * len(ranks) + 120),
+        yaxis={"autorange": "reversed"},
+        margin={"t": 60},
+    )
+    return fig
+
+
+def _collectives_table(doc: dict[str, Any]) -> list[str]:
+    parts = [
+        "<h2>Collectives by type</h2><table id='collectives-table'><tr><th>rank</th><th>collective</th>"
+        "<th>count</th><th>time</th><th>exposed</th><th>bytes</th></tr>"
+    ]
+    for rank in doc["ranks"]:
+        for row in (rank.get("collectives_by_type") or {}).get("totals") or []:
+            parts.append(
+                f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank['rank'])}</td>"
+                f"<td>{_e(row['collective'])}</td><td>{_e(row['count'])}</td>"
+                f"<td>{_e(value_h('time_ns', row['time_ns']))}</td><td>{_e(value_h('time_ns', row['exposed_ns']))}</td>"
+                f"<td>{_e(value_h('bytes', row['bytes']))}</td></tr>"
+            )
+    parts.append("</table>")
+    reason = (doc["run"].get("peer_matrix") or {}).get("null_reason")
+    if reason:
+        parts.append(f"<p class='muted' id='peer-null-reason'>Peers not named: {_e(reason)}</p>")
+    return parts
+
+
 _TRANSPORT_COLOUR = {"P2P": "#1a7f37", "NVLS": "#2da44e", "COLLNET": "#0969da", "NET": "#9a6700", "SHM": "#cf222e"}
 
 
@@ -177,11 +271,14 @@ def render(doc: dict[str, Any], *, plotly_src: str | None = None, header_html: s
         ("step-breakdown", step_breakdown_figure(doc)),
         ("nccl-share", nccl_share_figure(doc)),
         ("transport-matrix", transport_figure(doc)),
+        ("collectives-by-type", collectives_by_type_figure(doc)),
+        ("peer-matrix", peer_matrix_figure(doc)),
     ):
         if fig is not None:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))
     if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
+    parts += _collectives_table(doc)
     parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
     metrics = doc["run"]["metrics"]
     for key, value in metrics.items():

@@ -15,6 +15,54 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+#: Per-step collective rows shown per rank (the JSON report has all of them).
+MAX_STEP_ROWS = 40
+
+
+def collectives_section(doc: dict[str, Any]) -> list[str]:
+    """Collectives by type per rank (window totals) and the rank × peer matrix."""
+    lines = ["", "## Collectives by type", ""]
+    rows = []
+    for rank in doc["ranks"]:
+        for r in (rank.get("collectives_by_type") or {}).get("totals") or []:
+            exposed = r["exposed_ns"] / r["time_ns"] if r["time_ns"] else None
+            rows.append(
+                [
+                    str(rank["rank"]),
+                    r["collective"],
+                    str(r["count"]),
+                    ms(r["time_ns"]),
+                    ms(r["exposed_ns"]),
+                    pct(exposed),
+                    bytes_h(r["bytes"]),
+                ]
+            )
+    if rows:
+        lines += table(["rank", "collective", "count", "time", "exposed", "exposed share", "bytes"], rows)
+    else:
+        lines.append("No NCCL kernels in the analysis window.")
+    matrix = doc["run"].get("peer_matrix") or {}
+    lines += ["", "### Point-to-point peers", ""]
+    if matrix.get("rows"):
+        rows = [
+            [
+                str(r["rank"]),
+                str(r["peer"]),
+                str(r["kernels"]),
+                ms(r["time_ns"]),
+                "—" if r["sends"] is None else str(r["sends"]),
+                "—" if r["recvs"] is None else str(r["recvs"]),
+                bytes_h(r["bytes"]),
+                r["source"],
+            ]
+            for r in matrix["rows"]
+        ]
+        lines += table(["rank", "peer", "kernels", "time", "sends", "recvs", "bytes", "peer named by"], rows)
+    if matrix.get("null_reason"):
+        lines += ["", f"Peers not named: {matrix['null_reason']}"]
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [f"# traceguard report — {doc['verdict'].upper()}", ""]
     lines.append(f"Profile `{doc['profile']['name']}` · traceguard {doc['traceguard_version']} · {doc['generated_at']}")
@@ -39,6 +87,7 @@ def render(doc: dict[str, Any]) -> str:
     if m.get("null_reasons"):
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
+    lines += collectives_section(doc)
     for rank in doc["ranks"]:
         lines += ["", f"## Rank {rank['rank']}", ""]
         if rank["steps"]:
@@ -73,6 +122,23 @@ def render(doc: dict[str, Any]) -> str:
                 for c in rank["collectives"]
             ]
             lines += table(["collective", "size", "count", "median", "algbw GB/s", "busbw GB/s"], rows)
+        per_step = (rank.get("collectives_by_type") or {}).get("steps") or []
+        if per_step:
+            lines += ["", "Collectives per step:", ""]
+            rows = [
+                [
+                    str(r["step_index"]),
+                    r["collective"],
+                    str(r["count"]),
+                    ms(r["time_ns"]),
+                    ms(r["exposed_ns"]),
+                    bytes_h(r["bytes"]),
+                ]
+                for r in per_step[:MAX_STEP_ROWS]
+            ]
+            lines += table(["step", "collective", "count", "time", "exposed", "bytes"], rows)
+            if len(per_step) > MAX_STEP_ROWS:
+                lines.append(f"… {len(per_step) - MAX_STEP_ROWS} more rows in the JSON report")
     bad = [i for i in doc["inputs"] if i["error"] or i["warnings"]]
     if bad:
         lines += ["", "## Inputs", ""]
