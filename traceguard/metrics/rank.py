@@ -70,7 +70,7 @@ def analyse_rank(
     ranks_analysed: int = 1,
 ) -> RankResult:
     info = capture.info
-    resolved = resolve_steps(capture.ranges, capture.gpu_ops, step_patterns, step_sources)
+    resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, step_patterns, step_sources)
     steps = resolved.steps
     phases = find_phases(capture.ranges, steps) if not resolved.gpu_timed else find_phases(capture.ranges, steps[:0])
     ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases, gpu_timed=resolved.gpu_timed)
@@ -194,8 +194,12 @@ def _window_metrics(
         m["dtod_to_gradient_ratio"] = None
         null["dtod_to_gradient_ratio"] = null.get("dtod_bytes_per_step") or null["gradient_reduction_bytes_per_step"]
 
-    pageable, known_bytes = copies.pageable_bytes(window)
+    pageable, known_bytes, known_copies = copies.pageable_bytes(window)
+    m["host_device_copies"] = known_copies
     m["host_device_bytes"] = known_bytes
+    m["host_device_bytes_per_step"] = known_bytes / step_count if step_count else None
+    if not step_count:
+        null["host_device_bytes_per_step"] = _no_steps_reason(capture)
     m["pageable_host_bytes"] = pageable
     m["pageable_host_share"] = pageable / known_bytes if known_bytes else None
     if not known_bytes:
@@ -232,7 +236,9 @@ def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
         "gpu_span_ns",
         "nccl_step_ns",
         "dtod_bytes_in_steps",
+        "host_device_copies",
         "host_device_bytes",
+        "host_device_bytes_per_step",
         "pageable_host_bytes",
     ):
         m[key] = None
@@ -354,6 +360,7 @@ def _step_rows(
                 "name": row["name"],
                 "index": int(row["index"]),
                 "start_ns": int(row["start"]),
+                "gpu_start_ns": row["gpu_start"],
                 "cpu_ns": None if gpu_timed else int(row["end"] - row["start"]),
                 "gpu_span_ns": span,
                 "nccl_ns": nccl_ns,

@@ -6,19 +6,26 @@ on its busiest device, the kernels in start order are a sequence of names; the i
 its period:
 
 - **Candidate periods.** A name (or a run of 2 or 3 consecutive names) that occurs once per
-  iteration recurs at a constant distance, the period, counted in kernels. Names that occur
-  several times per iteration (a transformer layer's kernels) recur at uneven distances and
-  are ignored, so the period found is the iteration, not the layer. Each candidate is scored by
-  the number of distinct names and runs that recur at it, in every period of the capture.
-- **Verification.** The period is accepted when at least ``MATCH_FLOOR`` of the kernels equal
-  the kernel one period later, and the capture holds at least two periods.
-- **Boundaries.** An iteration starts after the recurring idle gap: the kernel offset within
-  the period whose preceding GPU idle time (no kernel of the device running) is largest on
-  average. From there each next boundary is the kernel with the largest idle gap before it
-  within ``±max(2, period/20)`` kernels of one period on, so an iteration with a kernel more
-  or less does not shift the ones after it.
-- **Steps.** Step *k* is the GPU time from its first kernel's start to the next step's first
-  kernel's start (the last complete one: to its last kernel's end). Kernels before the first
+  iteration recurs at a constant distance, the period, counted in kernels (at least
+  ``MIN_PERIOD_KERNELS``). Names that occur several times per iteration (a transformer layer's
+  kernels) recur at uneven distances and are ignored, so the period found is the iteration, not
+  the layer. Each candidate is scored by the number of distinct names and runs that recur at
+  it across at least ``COVERAGE`` of the capture.
+- **Verification.** The period is accepted when the capture holds at least two periods and
+  either at least ``MATCH_FLOOR`` of the kernels equal the kernel one period later, or at least
+  ``MIN_STEADY_NAMES`` distinct names recur exactly one period apart three times or more (the
+  element-wise match drops when the NCCL and compute streams interleave differently in each
+  iteration; exact recurrences of single names do not).
+- **Boundaries.** An iteration starts right after the optimizer's kernels when they are known
+  by name (:data:`OPTIMIZER_KERNEL`), at the largest idle gap within ``max(2, period/20)``
+  kernels after them; otherwise after the recurring idle gap: the kernel offset within the
+  period whose preceding GPU idle time (no kernel of the device running) is largest on average.
+  From there each next boundary is the position within ``±max(2, period/20)`` kernels of one
+  period on where the next ``ALIGN_KERNELS`` kernels best repeat the current iteration's first
+  ones, so an iteration with a kernel more or less does not shift the ones after it.
+- **Steps.** Step *k* is the GPU time from the moment the device fell idle before its first
+  kernel (the copies feeding the iteration run in that gap) to the moment it fell idle before
+  the next step's first kernel (the last complete one: to its last kernel's end). Kernels before the first
   boundary, and a last iteration shorter than a period, belong to no step (partial iterations at
   the capture's edges). GPU work is attributed to these steps by its own GPU start time, since
   they are defined on the GPU's timeline (DESIGN.md's launch-time rule is for marker ranges).
@@ -42,6 +49,17 @@ MIN_PERIODS = 2
 #: Kernels searched for the period (a prefix): enough for two iterations of a large model,
 #: bounded so that a 10 M-kernel capture costs one O(n) pass, not a sort of every kernel.
 SEARCH_PREFIX = 1 << 20
+#: Distinct kernel names recurring at exactly the period, three times or more, that accept it
+#: even when streams interleave differently each iteration (lowering the element-wise match).
+MIN_STEADY_NAMES = 3
+#: Kernels compared when aligning the next iteration's start with the current one's.
+ALIGN_KERNELS = 32
+#: Share of the sequence an anchor's recurrences must span.
+COVERAGE = 0.5
+#: Kernels an iteration has at least: one kernel repeated is a kernel loop, not an iteration.
+MIN_PERIOD_KERNELS = 2
+#: Kernels of an optimizer step, by name (fused and foreach optimizers of PyTorch, Apex, DeepSpeed).
+OPTIMIZER_KERNEL = r"(?i)multi_tensor_apply|adamw?|sgd|adagrad|rmsprop|lamb(?:[^d]|$)|\blion"
 #: Runs of consecutive kernel names used as tokens besides single names.
 TOKEN_LENGTHS = (1, 2, 3)
 
@@ -80,16 +98,16 @@ def _tokens(names: np.ndarray, length: int) -> np.ndarray:
     return token
 
 
-def _recurring_distances(tokens: np.ndarray, n: int) -> np.ndarray:
-    """Per token that recurs at one constant distance P in every period of the sequence (its
-    occurrences number ⌊n/P⌋ or ⌈n/P⌉), that distance P."""
+def _recurring_distances(tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per token that recurs at one constant distance P across at least ``COVERAGE`` of the
+    sequence: that distance P, and how often the token occurs."""
     _, inverse, counts = np.unique(tokens, return_inverse=True, return_counts=True)
     order = np.argsort(inverse, kind="stable")  # positions grouped by token, ascending
     group = inverse[order]
     gaps = np.diff(order)
     same = group[1:] == group[:-1]
     if not same.any():
-        return np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     gap_token = group[1:][same]
     gap = gaps[same]
     tokens_seen = counts.size
@@ -104,8 +122,10 @@ def _recurring_distances(tokens: np.ndarray, n: int) -> np.ndarray:
     period = (low + high) // 2
     steady &= period > 0
     period, counts = period[steady], counts[steady]
-    every_period = (counts >= n // np.maximum(period, 1)) & (counts <= -(-n // np.maximum(period, 1)))
-    return period[every_period]
+    # Recurring across most of the capture, not in one stretch of it (a trimmed capture may
+    # lose the anchor in its first or last iterations).
+    covering = (counts - 1) * period >= COVERAGE * n
+    return period[covering], counts[covering]
 
 
 def find_period(names: np.ndarray) -> Period | None:
@@ -115,17 +135,22 @@ def find_period(names: np.ndarray) -> Period | None:
     if n < 2 * MIN_PERIODS:
         return None
     votes: dict[int, int] = {}
+    #: Single names recurring at P three times or more: evidence that needs no element-wise match.
+    steady_names: dict[int, int] = {}
     for length in TOKEN_LENGTHS:
         if n - length + 1 < 2:
             continue
-        for period in _recurring_distances(_tokens(names, length), n - length + 1).tolist():
+        periods, counts = _recurring_distances(_tokens(names, length), n - length + 1)
+        for period, count in zip(periods.tolist(), counts.tolist(), strict=True):
             votes[period] = votes.get(period, 0) + 1
+            if length == 1 and count >= 3:
+                steady_names[period] = steady_names.get(period, 0) + 1
     # Most anchors first; among equals the shorter period.
     for period, anchors in sorted(votes.items(), key=lambda item: (-item[1], item[0])):
-        if period * MIN_PERIODS > n:
+        if period < MIN_PERIOD_KERNELS or period * MIN_PERIODS > n:
             continue
         match = float(np.mean(names[:-period] == names[period:]))
-        if match >= MATCH_FLOOR:
+        if match >= MATCH_FLOOR or steady_names.get(period, 0) >= MIN_STEADY_NAMES:
             return Period(kernels=period, anchors=anchors, match=match)
     return None
 
@@ -139,24 +164,64 @@ def idle_before(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return idle
 
 
-def boundaries(start: np.ndarray, end: np.ndarray, period: int) -> list[tuple[int, int]]:
-    """Kernel index ranges ``[first, last)`` of the complete iterations (module docstring)."""
-    n = start.size
-    idle = idle_before(start, end)
+def _phase(idle: np.ndarray, period: int, optimizer: np.ndarray | None) -> int:
+    """The kernel offset within the period at which iterations start (module docstring)."""
+    n = idle.size
     positions = np.arange(1, n)
     offset_of = positions % period
     totals = np.bincount(offset_of, weights=idle[1:], minlength=period)
     counts = np.bincount(offset_of, minlength=period)
     mean_idle = np.divide(totals, counts, out=np.zeros(period), where=counts > 0)
-    first = int(np.argmax(mean_idle))
-    slack = max(2, period // 20)
+    if optimizer is None or not optimizer.any():
+        return int(np.argmax(mean_idle))
+    # The optimizer's kernels close an iteration: start after the end of their block (the
+    # offset before the largest cyclic distance between optimizer offsets), at the largest idle
+    # gap within the next ``slack`` kernels (zero_grad, a logging copy may come first).
+    offsets = np.unique(np.flatnonzero(optimizer) % period)
+    distances = np.diff(np.concatenate([offsets, offsets[:1] + period]))
+    after_block = int(offsets[int(np.argmax(distances))] + 1) % period
+    window = (after_block + np.arange(_slack(period) + 1)) % period
+    return int(window[int(np.argmax(mean_idle[window]))])
+
+
+def _slack(period: int) -> int:
+    return max(2, period // 20)
+
+
+def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
+    """The next iteration's first kernel: the position in ``[lo, hi)`` where the kernels that
+    follow best repeat those that began the iteration at ``mark`` (nearest ``target`` among
+    equals), so an iteration with a kernel more or less does not shift the ones after it."""
+    length = min(ALIGN_KERNELS, target - mark)
+    # Too few kernels left to compare (the capture's last iteration): one period on it is.
+    if target + length > names.size or np.array_equal(names[target : target + length], names[mark : mark + length]):
+        return target
+    candidates = np.arange(lo, hi)
+    candidates = candidates[candidates + length <= names.size]
+    if candidates.size == 0:
+        return target
+    window = names[candidates[:, None] + np.arange(length)[None, :]]
+    score = (window == names[mark : mark + length][None, :]).sum(axis=1)
+    best = np.flatnonzero(score == score.max())
+    return int(candidates[best[np.argmin(np.abs(candidates[best] - target))]])
+
+
+def boundaries(
+    names: np.ndarray, start: np.ndarray, end: np.ndarray, period: int, optimizer: np.ndarray | None = None
+) -> list[tuple[int, int]]:
+    """Kernel index ranges ``[first, last)`` of the complete iterations (module docstring);
+    ``optimizer`` marks the optimizer's kernels, when they are known by name."""
+    n = start.size
+    idle = idle_before(start, end)
+    first = _phase(idle, period, optimizer)
+    slack = _slack(period)
     marks = [first]
     while True:
         target = marks[-1] + period
         lo, hi = max(marks[-1] + 1, target - slack), min(n, target + slack + 1)
         if target >= n or lo >= hi:
             break
-        marks.append(lo + int(np.argmax(idle[lo:hi])))
+        marks.append(_align(names, marks[-1], target, lo, hi))
     steps = list(itertools.pairwise(marks))
     if n - marks[-1] >= period - slack:  # the last iteration is complete
         steps.append((marks[-1], n))
@@ -170,9 +235,21 @@ def _busiest_device(kernels: pl.DataFrame) -> pl.DataFrame:
     return chosen if chosen["start"].is_sorted() else chosen.sort("start")
 
 
-def inferred_steps(gpu_ops: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, Period]]:
+def optimizer_name_ids(strings: pl.DataFrame) -> pl.Series:
+    """Interned names of optimizer kernels (fused/foreach Adam, SGD, ... and
+    ``multi_tensor_apply_kernel``, PyTorch's foreach optimizers)."""
+    return strings.filter(pl.col("value").str.contains(OPTIMIZER_KERNEL))["id"]
+
+
+def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, Period]]:
     """Inferred steps of every process of ``gpu_ops`` (a steps frame on the GPU timeline, ids
-    negative so they never meet a range's), and the period found per process."""
+    negative so they never meet a range's), and the period found per process. ``strings`` names
+    the kernels (to recognise the optimizer's)."""
+    optimizer_ids = optimizer_name_ids(strings).cast(pl.Int32)
+    first_starts = (
+        gpu_ops.lazy().filter(pl.col("pid").is_not_null()).group_by("pid").agg(pl.col("start").min()).collect()
+    )
+    of_process_ops_start = dict(zip(first_starts["pid"].to_list(), first_starts["start"].to_list(), strict=True))
     kernels = (
         gpu_ops.lazy()
         .filter((pl.col("kind") == "kernel") & pl.col("start").is_not_null() & pl.col("end").is_not_null())
@@ -185,19 +262,25 @@ def inferred_steps(gpu_ops: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, Perio
         if pid is None:
             continue
         sequence = _busiest_device(of_process)
-        period = find_period(sequence["name_id"].fill_null(-1).to_numpy())
+        names = sequence["name_id"].fill_null(-1).to_numpy()
+        period = find_period(names)
         if period is None:
             continue
         start = sequence["start"].to_numpy().astype(np.int64, copy=False)
         end = sequence["end"].to_numpy().astype(np.int64, copy=False)
-        spans = boundaries(start, end, period.kernels)
+        optimizer = sequence["name_id"].is_in(optimizer_ids.implode()).fill_null(False).to_numpy()
+        spans = boundaries(names, start, end, period.kernels, optimizer)
         if len(spans) < MIN_PERIODS:
             continue
         periods[pid] = period
         rank = sequence["rank"][0]
+        # A step begins where the GPU fell idle before its first kernel: the copies that feed an
+        # iteration (its input batch) run in that gap and belong to it.
+        ended = np.maximum.accumulate(end)
+        first_op = int(of_process_ops_start[pid])
         for number, (first, last) in enumerate(spans):
-            # Up to the next step's first kernel (exclusive), else to this step's last end.
-            step_end = int(start[last]) - 1 if last < start.size else int(end[first:last].max())
+            step_start = int(ended[first - 1]) + 1 if first else min(first_op, int(start[0]))
+            step_end = int(ended[last - 1])
             rows.append(
                 {
                     "rank": rank,
@@ -205,7 +288,7 @@ def inferred_steps(gpu_ops: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, Perio
                     "tid": None,
                     "range_id": -(len(rows) + 1),
                     "name": f"inferred {number}",
-                    "start": int(start[first]),
+                    "start": step_start,
                     "end": step_end,
                     "depth": 0,
                 }

@@ -128,6 +128,7 @@ def _indexed(steps: pl.DataFrame) -> pl.DataFrame:
 def resolve_steps(
     ranges: pl.DataFrame,
     gpu_ops: pl.DataFrame,
+    strings: pl.DataFrame,
     patterns: Sequence[str] = (),
     sources: Sequence[str] = STEP_SOURCES,
 ) -> ResolvedSteps:
@@ -150,7 +151,7 @@ def resolve_steps(
                 if steps.height:
                     return ResolvedSteps(steps, "convention", {}, convention.framework)
         elif source == "inferred":
-            steps, periods = inferred_steps(gpu_ops)
+            steps, periods = inferred_steps(gpu_ops, strings)
             if steps.height:
                 return ResolvedSteps(_indexed(steps), "inferred", {p: v.kernels for p, v in periods.items()})
         elif source == "window":
