@@ -3,6 +3,13 @@ says why, with evidence rows and a remedy written for the engineer on call.
 
 Rules know metric names and nothing of formats or SQL; bounds come only from the profile.
 A metric that is ``None`` makes its rule ``skip`` with the metric's null reason — never ``pass``.
+
+Minimum evidence (DESIGN.md): each rule declares its ``floors`` — a profile key (``min_*``) and
+the run metric that holds the evidence (GPU ops, bytes per step, steps compared, samples...).
+Below the profile's floor the rule is ``skip`` with a reason naming the evidence found and the
+floor, so a handful of events never decides a verdict; a floor the profile does not set is not
+applied. A verdict drawn from steps that were inferred, or that are each rank's whole GPU window,
+says so in its message.
 """
 
 from __future__ import annotations
@@ -46,6 +53,23 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class Floor:
+    """One piece of minimum evidence a rule needs before its value may decide a verdict.
+
+    ``key``: the profile's ``min_*`` key that sets it; ``metric``: the run metric holding the
+    evidence (below the floor → ``skip``); ``unit``: how the floor reads ("bytes",
+    "bytes_per_step", "ns", else the noun of a count); ``found``: the evidence in words, from
+    the run; ``meaning``: why that little cannot be judged.
+    """
+
+    key: str
+    metric: str
+    unit: str
+    found: Callable[[RunResult], str]
+    meaning: str
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -53,6 +77,9 @@ class Rule:
     unit: str
     remedy: str
     evidence: Callable[[RunResult], list[dict[str, Any]]]
+    floors: tuple[Floor, ...] = ()
+    #: The value (or a floor) is computed per step: say so when the steps are inferred or windows.
+    step_based: bool = False
 
 
 def _pct(value: float) -> str:
@@ -72,6 +99,61 @@ def format_value(value: float | None, unit: str | None) -> str:
     if unit == "us":
         return f"{value:.2f} µs"
     return f"{value:.4g}"
+
+
+def format_bytes(value: float) -> str:
+    """Bytes in binary units, as copy volumes are usually quoted: 272 B, 1 MiB, 1.142 GiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    step = 0
+    while abs(value) >= 1024 and step < len(units) - 1:
+        value /= 1024
+        step += 1
+    return f"{value:.0f} B" if step == 0 else f"{value:.4g} {units[step]}"
+
+
+def format_ns(value: float) -> str:
+    """Nanoseconds in the largest unit that keeps the number at least 1: 1 ms, 250 µs, 3.2 s."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value:.0f} ns"
+
+
+def _format_floor(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "bytes_per_step":
+        return f"{format_bytes(value)} per step"
+    if unit == "ns":
+        return format_ns(value)
+    return f"{value:g} {unit}"
+
+
+def _plural(count: float, noun: str) -> str:
+    return f"{count:g} {noun}" + ("" if count == 1 else "s")
+
+
+#: What a verdict drawn from these step sources must say (DESIGN.md, "Steps").
+STEP_NOTES = {
+    "inferred": "steps inferred from the capture's periodic GPU work, no step marker",
+    "window": "one step = each rank's whole GPU window: no step marker, no periodic structure",
+}
+
+
+def step_note(result: RunResult) -> str | None:
+    """How the steps were found when no marker gave them, naming the ranks if not all."""
+    by_source: dict[str, list[int]] = {}
+    for r in result.ranks:
+        source = getattr(r, "step_source", None)
+        if source in STEP_NOTES:
+            by_source.setdefault(source, []).append(r.rank)
+    notes = []
+    for source, ranks in by_source.items():
+        if len(ranks) == len(result.ranks):
+            notes.append(STEP_NOTES[source])
+        else:
+            notes.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {STEP_NOTES[source]}")
+    return "; ".join(notes) or None
 
 
 def _rank_evidence(
@@ -113,7 +195,9 @@ def _copy_evidence(result: RunResult) -> list[dict[str, Any]]:
 
 
 def _dtod_evidence(result: RunResult) -> list[dict[str, Any]]:
-    rows = _rank_evidence(result, "dtod_to_gradient_ratio", extra=("dtod_bytes_per_step", "allreduce_bytes_per_step"))
+    rows = _rank_evidence(
+        result, "dtod_to_gradient_ratio", extra=("dtod_bytes_per_step", "gradient_reduction_bytes_per_step")
+    )
     steps = [
         {"rank": r.rank, "step": s["name"], "dtod_copies": s["dtod_copies"], "dtod_bytes": s["dtod_bytes"]}
         for r in result.ranks
@@ -157,6 +241,68 @@ def _link_evidence(rule_id: str) -> Callable[[RunResult], list[dict[str, Any]]]:
     return evidence
 
 
+def _m(result: RunResult, key: str) -> Any:
+    return result.metrics.get(key)
+
+
+def _count(result: RunResult, key: str) -> str:
+    value = _m(result, key)
+    return "an unknown number of" if value is None else f"{value:g}"
+
+
+def _gpu_ops_found(result: RunResult) -> str:
+    return f"{_count(result, 'gpu_to_cpu_copies')} GPU→CPU copies among {_count(result, 'gpu_ops')} GPU ops"
+
+
+def _gradient_found(result: RunResult) -> str:
+    payload, carrier = _m(result, "gradient_reduction_bytes_per_step"), _m(result, "gradient_reduction_collective")
+    shown = "unknown" if payload is None else format_bytes(payload)
+    return f"gradient-reduction payload{f' ({carrier})' if carrier else ''} {shown} per step"
+
+
+def _nccl_span_found(result: RunResult) -> str:
+    span, steps = _m(result, "gpu_span_ns"), _m(result, "step_count") or 0
+    return f"{format_ns(span) if span is not None else 'unknown'} of GPU work in {_plural(steps, 'step')}"
+
+
+def _host_copies_found(result: RunResult) -> str:
+    moved = _m(result, "host_device_bytes")
+    steps, per_step = _m(result, "step_count"), _m(result, "host_device_bytes_per_step")
+    text = f"{_count(result, 'host_device_copies')} host↔device copies"
+    if moved is not None:
+        text += f", {format_bytes(moved)}"
+    if steps:
+        text += f" over {_plural(steps, 'step')}"
+        if per_step is not None and steps > 1:
+            text += f" = {format_bytes(per_step)} per step"
+    return text
+
+
+def _gpu_model_ranks_found(result: RunResult) -> str:
+    return f"{_plural(_m(result, 'gpu_model_ranks') or 0, 'rank')} with a named GPU model"
+
+
+def _straggler_found(result: RunResult) -> str:
+    return f"{_plural(_m(result, 'straggler_steps_compared') or 0, 'step')} present on two or more ranks"
+
+
+def _connections_found(result: RunResult) -> str:
+    return f"{_plural(_m(result, 'nccl_connections') or 0, 'NCCL connection line')}"
+
+
+def _dmon_found(result: RunResult) -> str:
+    return f"{_plural(_m(result, 'pcie_samples') or 0, 'dmon PCIe sample')} per GPU (the fewest of any GPU)"
+
+
+def _largest_message_found(result: RunResult) -> str:
+    size = _m(result, "allreduce_largest_bytes")
+    return f"largest all-reduce message in the benchmark {format_bytes(size) if size is not None else 'unknown'}"
+
+
+def _small_sizes_found(result: RunResult) -> str:
+    return f"{_plural(_m(result, 'allreduce_small_samples') or 0, 'timed all-reduce size')} of at most 8 KiB"
+
+
 RULES: dict[str, Rule] = {
     rule.id: rule
     for rule in (
@@ -170,6 +316,15 @@ RULES: dict[str, Rule] = {
             "instead) and never stage gradients through the CPU for all-reduce (`tensor.cpu()` → "
             "all_reduce → `.to(device)`); let DDP/NCCL reduce them on the GPU.",
             _copy_evidence,
+            floors=(
+                Floor(
+                    "min_gpu_ops",
+                    "gpu_ops",
+                    "GPU ops",
+                    _gpu_ops_found,
+                    "too few GPU ops for a rate: a single copy would cross the bounds",
+                ),
+            ),
         ),
         Rule(
             "dtod_copy_volume",
@@ -180,6 +335,16 @@ RULES: dict[str, Rule] = {
             "buckets instead of being copied into them every step. If copies remain, look for "
             "`.clone()`/`.contiguous()` on gradients and custom comm hooks; tune `bucket_cap_mb`.",
             _dtod_evidence,
+            floors=(
+                Floor(
+                    "min_gradient_bytes_per_step",
+                    "gradient_reduction_bytes_per_step",
+                    "bytes_per_step",
+                    _gradient_found,
+                    "too small a payload to be gradients (a scalar or a flag), so no yardstick for DtoD volume",
+                ),
+            ),
+            step_based=True,
         ),
         Rule(
             "nccl_step_share",
@@ -193,6 +358,16 @@ RULES: dict[str, Rule] = {
             "all-reduce. NCCL kernel time includes waiting for the slowest rank: compare "
             "`nccl_exposed_ns` and the straggler check.",
             _nccl_evidence,
+            floors=(
+                Floor(
+                    "min_gpu_span_ns",
+                    "gpu_span_ns",
+                    "ns",
+                    _nccl_span_found,
+                    "too little GPU work: one collective's launch and sync would decide the share",
+                ),
+            ),
+            step_based=True,
         ),
         Rule(
             "pageable_host_copies",
@@ -203,6 +378,16 @@ RULES: dict[str, Rule] = {
             "`.to(device, non_blocking=True)`; pageable copies are staged through a driver buffer and "
             "block the host.",
             _pageable_evidence,
+            floors=(
+                Floor(
+                    "min_bytes_per_step",
+                    "host_device_bytes_per_step",
+                    "bytes_per_step",
+                    _host_copies_found,
+                    "too little to judge the data path",
+                ),
+            ),
+            step_based=True,
         ),
         Rule(
             "homogeneous_gpus",
@@ -212,6 +397,7 @@ RULES: dict[str, Rule] = {
             "Schedule the job on one GPU model (node selector / partition): every collective runs at "
             "the pace of the slowest GPU.",
             _gpu_evidence,
+            floors=(Floor("min_ranks", "gpu_model_ranks", "ranks", _gpu_model_ranks_found, "nothing to compare"),),
         ),
         Rule(
             "straggler",
@@ -222,6 +408,16 @@ RULES: dict[str, Rule] = {
             "contention or affinity, a different GPU or NUMA placement, thermal or power throttling — "
             "`nvidia-smi -q -d CLOCK,PERFORMANCE`), and its NCCL transport.",
             _straggler_evidence,
+            floors=(
+                Floor(
+                    "min_steps",
+                    "straggler_steps_compared",
+                    "steps",
+                    _straggler_found,
+                    "too few steps to tell a slow rank from one slow step (warm-up, a checkpoint, a GC pause)",
+                ),
+            ),
+            step_based=True,
         ),
         Rule(
             "transport_p2p",
@@ -233,6 +429,15 @@ RULES: dict[str, Rule] = {
             "container sees every GPU of the node (`CUDA_VISIBLE_DEVICES`, `--ipc=host`, IOMMU/ACS "
             "settings that block peer access), and enlarge `/dev/shm` (`--shm-size`) if SHM set-up fails.",
             _link_evidence("transport_p2p"),
+            floors=(
+                Floor(
+                    "min_connections",
+                    "nccl_connections",
+                    "connection lines",
+                    _connections_found,
+                    "the log shows no connection, so not how the ranks talk",
+                ),
+            ),
         ),
         Rule(
             "pcie_saturation",
@@ -243,6 +448,15 @@ RULES: dict[str, Rule] = {
             "Keep gradients on NVLink (P2P), compress them (bf16/fp16 hook, PowerSGD), pin host memory "
             "and cut host↔device traffic (data on the GPU, no per-step `.cpu()`).",
             _link_evidence("pcie_saturation"),
+            floors=(
+                Floor(
+                    "min_samples",
+                    "pcie_samples",
+                    "samples",
+                    _dmon_found,
+                    "too few samples: their peak is one burst, not the link's load",
+                ),
+            ),
         ),
         Rule(
             "p2p_utilization",
@@ -253,6 +467,15 @@ RULES: dict[str, Rule] = {
             "(`NCCL_DEBUG=INFO`), the algorithm/protocol (`NCCL_ALGO`, `NCCL_PROTO` left unset), channel "
             "count (`NCCL_MIN_NCHANNELS`), GPU clocks and link errors (`nvidia-smi nvlink -e`).",
             _link_evidence("p2p_utilization"),
+            floors=(
+                Floor(
+                    "min_message_bytes",
+                    "allreduce_largest_bytes",
+                    "bytes",
+                    _largest_message_found,
+                    "below the bandwidth plateau: bus bandwidth there measures the ramp-up, not the links",
+                ),
+            ),
         ),
         Rule(
             "allreduce_latency",
@@ -263,6 +486,15 @@ RULES: dict[str, Rule] = {
             "graph, let NCCL pick LL/LL128 (`NCCL_PROTO` unset), check the transport, and fuse small "
             "tensors into larger buckets.",
             _link_evidence("allreduce_latency"),
+            floors=(
+                Floor(
+                    "min_samples",
+                    "allreduce_small_samples",
+                    "sizes",
+                    _small_sizes_found,
+                    "too few sizes for a median: one noisy size would decide",
+                ),
+            ),
         ),
     )
 }
@@ -271,13 +503,22 @@ KNOWN_RULES = frozenset({CAPTURE_HEALTH, *RULES})
 
 
 def validate_profile(profile: Profile) -> None:
-    """Reject rule ids no rule has: a typo must not silently turn a check off."""
+    """Reject rule ids no rule has, and floors (``min_*`` keys) the rule does not declare: a typo
+    must not silently turn a check, or its minimum evidence, off."""
     unknown = sorted(set(profile.rules) - KNOWN_RULES)
     if unknown:
         raise ProfileError(
             f"profile {profile.name!r} configures unknown rule(s) {', '.join(unknown)}",
             hint=f"known rules: {', '.join(sorted(KNOWN_RULES))}",
         )
+    for rule_id, config in profile.rules.items():
+        declared = {floor.key for floor in RULES[rule_id].floors} if rule_id in RULES else set()
+        stray = sorted(set(config.minimum) - declared)
+        if stray:
+            raise ProfileError(
+                f"profile {profile.name!r}: [rules.{rule_id}] has unknown floor(s) {', '.join(stray)}",
+                hint=f"{rule_id}'s floors: {', '.join(sorted(declared)) or 'none (it judges the capture itself)'}",
+            )
 
 
 CAPTURE_HEALTH_REMEDY = (
@@ -309,6 +550,12 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
     if value is None:
         reason = result.null_reasons.get(rule.metric or "", "not available from these inputs")
         return CheckResult(**base, status=SKIP, message=f"{rule.title}: not available", reason=reason)
+    note = step_note(result) if rule.step_based else None
+    short = _short_of_floor(rule, config, result)
+    if short is not None:
+        reason, row = short
+        message = f"{rule.title}: {reason}" + (f" ({note})" if note else "")
+        return CheckResult(**base, status=SKIP, message=message, reason=reason, evidence=[row])
     crosses = _COMPARE[config.op]
     if config.fail is not None and crosses(value, config.fail):
         status, bound = FAIL, config.fail
@@ -326,6 +573,8 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
         message = f"{rule.title}: {shown} (within bounds: {limits})"
     else:
         message = f"{rule.title}: {shown} {config.op} {status} bound {format_value(bound, rule.unit)}"
+    if note:
+        message += f" ({note})"
     evidence = rule.evidence(result) if status != PASS else []
     return CheckResult(
         **base,
@@ -335,6 +584,28 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
         evidence=evidence,
         remedy=rule.remedy if status != PASS else None,
     )
+
+
+def _short_of_floor(rule: Rule, config: RuleConfig, result: RunResult) -> tuple[str, dict[str, Any]] | None:
+    """The first floor the profile sets that the run's evidence does not reach (or cannot show):
+    the skip reason and its evidence row; None when every floor is met."""
+    for floor in rule.floors:
+        minimum = config.minimum.get(floor.key)
+        if minimum is None:
+            continue
+        found = result.metrics.get(floor.metric)
+        row = {"floor": floor.key, "minimum": minimum, "evidence_metric": floor.metric, "found": found}
+        shown = _format_floor(minimum, floor.unit)
+        if found is None:
+            why = result.null_reasons.get(floor.metric, "not available from these inputs")
+            return (
+                f"{floor.found(result)}; {floor.metric} unknown ({why}), so the profile's {floor.key} "
+                f"({shown}) cannot be checked",
+                row,
+            )
+        if found < minimum:
+            return f"{floor.found(result)} (< {shown}, the profile's {floor.key}): {floor.meaning}", row
+    return None
 
 
 def capture_health(result: RunResult, config: RuleConfig) -> CheckResult:

@@ -4,7 +4,8 @@
   memsets) in the analysis window.
 - DtoD: device-to-device copies on one GPU (``DtoD``); peer copies between GPUs (``PtoP``) apart.
 - Pageable share = bytes of host↔device copies (HtoD, DtoH) whose host side is pageable ÷ bytes
-  of host↔device copies whose host memory kind is known.
+  of host↔device copies whose host memory kind is known; the count of those copies is the
+  evidence the pageable rule's floor reads with their bytes.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def copy_counts(ops: pl.DataFrame) -> dict[str, int]:
     return {k: int(v or 0) for k, v in row.items()}
 
 
-def pageable_bytes(ops: pl.DataFrame) -> tuple[int, int]:
-    """(pageable host↔device bytes, host↔device bytes with a known host memory kind)."""
+def pageable_bytes(ops: pl.DataFrame) -> tuple[int, int, int]:
+    """(pageable host↔device bytes, host↔device bytes with a known host memory kind, and the
+    number of those copies)."""
     host_side = (
         pl.when(pl.col("copy_kind") == "HtoD")
         .then(pl.col("src_kind"))
@@ -51,8 +53,9 @@ def pageable_bytes(ops: pl.DataFrame) -> tuple[int, int]:
         .select(
             pl.col("bytes").filter(pl.col("host_kind") == "pageable").sum().alias("pageable"),
             pl.col("bytes").sum().alias("known"),
+            pl.len().alias("copies"),
         )
         .collect()
         .row(0)
     )
-    return int(row[0] or 0), int(row[1] or 0)
+    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)

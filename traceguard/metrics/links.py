@@ -10,6 +10,11 @@
   when an NCCL log is given, else the profile's ``peak_busbw_gbps``.
 - ``allreduce_small_latency_us``: the median out-of-place all-reduce time over the message sizes
   of at most 8 KiB in the collective benchmark (median: one noisy size must not decide).
+
+Evidence the link rules' floors read (DESIGN.md, "Minimum evidence"): ``nccl_connections`` (the
+connection lines in the NCCL log), ``pcie_samples`` (dmon PCIe samples of the GPU with the
+fewest), ``allreduce_largest_bytes`` (the largest all-reduce size in the benchmark) and
+``allreduce_small_samples`` (its rows of at most 8 KiB that have a time: the median's samples).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
     evidence: dict[str, list[dict[str, Any]]] = {}
     found: list[Finding] = []
 
+    m["nccl_connections"] = len(side.nccl.connections) if side.nccl is not None else None
     if side.nccl is None:
+        null["nccl_connections"] = "no NCCL_DEBUG=INFO log given (--nccl-log, or nccl*.log in the run bundle)"
         m["transport_fallback_pairs"] = None
         null["transport_fallback_pairs"] = "no NCCL_DEBUG=INFO log given (--nccl-log, or nccl*.log in the run bundle)"
     elif not side.nccl.transport_known:
@@ -77,8 +84,10 @@ def _pcie(
     from traceguard.ingest.side_inputs import pcie_saturation
 
     m["pcie_saturation"] = None
+    m["pcie_samples"] = None
     if side.dmon is None or side.dmon.height == 0:
         null["pcie_saturation"] = "no `nvidia-smi dmon -s t` output given (--dmon, or dmon*.txt in the run bundle)"
+        null["pcie_samples"] = null["pcie_saturation"]
         return
     if not {"rxpci", "txpci"} & set(side.dmon.columns):
         null["pcie_saturation"] = "the dmon output has no PCIe rx/tx columns (record it with `nvidia-smi dmon -s t`)"
@@ -90,6 +99,10 @@ def _pcie(
     result = pcie_saturation(side.dmon, rated)
     per_gpu = result.get("per_gpu") or {}
     peak = result.get("peak")
+    if per_gpu:
+        m["pcie_samples"] = min(int(row["samples"]) for row in per_gpu.values())
+    else:
+        null["pcie_samples"] = "no PCIe samples with values in the dmon output"
     if peak is None:
         null["pcie_saturation"] = "no PCIe samples with values in the dmon output"
         return
@@ -103,18 +116,22 @@ def _collectives(
     m["p2p_utilization"] = None
     m["allreduce_small_latency_us"] = None
     m["allreduce_peak_busbw_gbps"] = None
+    m["allreduce_largest_bytes"] = None
+    m["allreduce_small_samples"] = None
     table = side.nccl_tests
     reason = "no collective benchmark output given (--nccl-tests; `traceguard bench-collectives` makes one)"
     if table is None or table.height == 0:
         null["p2p_utilization"] = null["allreduce_small_latency_us"] = reason
-        null["allreduce_peak_busbw_gbps"] = reason
+        null["allreduce_peak_busbw_gbps"] = null["allreduce_largest_bytes"] = null["allreduce_small_samples"] = reason
         return
     allreduce = table.filter(pl.col("collective") == "all_reduce")
     if allreduce.height == 0:
         null["p2p_utilization"] = null["allreduce_small_latency_us"] = "the benchmark output has no all_reduce table"
         null["allreduce_peak_busbw_gbps"] = null["p2p_utilization"]
+        null["allreduce_largest_bytes"] = null["allreduce_small_samples"] = null["p2p_utilization"]
         return
     largest = allreduce.sort("size_bytes").tail(1).row(0, named=True)
+    m["allreduce_largest_bytes"] = int(largest["size_bytes"])
     busbw = largest["oop_busbw"]
     m["allreduce_peak_busbw_gbps"] = busbw
     nccl_peak = None
@@ -136,6 +153,7 @@ def _collectives(
             }
         ]
     small = allreduce.filter(pl.col("size_bytes") <= SMALL_MESSAGE_BYTES).drop_nulls("oop_time_us")
+    m["allreduce_small_samples"] = small.height
     if small.height == 0:
         null["allreduce_small_latency_us"] = f"no all_reduce sizes of at most {SMALL_MESSAGE_BYTES} bytes"
     else:

@@ -4,6 +4,13 @@ Counts and bytes add up; rates and shares are recomputed from the sums (never av
 GPU→CPU copy rate = Σ copies ÷ Σ GPU ops; NCCL share = Σ NCCL time in steps ÷ Σ step GPU spans;
 DtoD bytes per step = Σ DtoD bytes in steps ÷ Σ steps. Straggler spread, per step index present
 on two or more ranks: (slowest rank's GPU span − median) ÷ median; the run value is the worst.
+Ranks whose one step is their whole GPU window (step source ``window``) take no part in it: the
+length of a capture is not a step time.
+
+Evidence the checks' floors read (DESIGN.md, "Minimum evidence"): ``host_device_copies`` and
+``host_device_bytes_per_step`` (Σ host↔device bytes with a known host memory kind ÷ Σ steps),
+``straggler_steps_compared`` (step indices compared on two or more ranks), ``gpu_model_ranks``
+(ranks whose GPU model the capture names).
 """
 
 from __future__ import annotations
@@ -30,8 +37,14 @@ SUMMED = (
     "gpu_span_ns",
     "nccl_step_ns",
     "dtod_bytes_in_steps",
+    "host_device_copies",
     "host_device_bytes",
     "pageable_host_bytes",
+)
+#: Why no straggler spread when ranks' steps are their whole GPU windows.
+WINDOW_STEPS_NO_STRAGGLER = (
+    "each rank's only step is its whole GPU window (no step marker, no periodic structure): "
+    "capture lengths are not step times, so ranks are not compared"
 )
 
 
@@ -48,6 +61,8 @@ def straggler(ranks: Sequence[RankResult]) -> tuple[float | None, list[Straggler
     """Run spread (worst step), every step's spread, and each rank's worst own spread."""
     by_index: dict[int, dict[int, int]] = {}
     for result in ranks:
+        if result.step_source == "window":
+            continue
         for index, span in result.spans_by_index.items():
             by_index.setdefault(index, {})[result.rank] = span
     steps: list[StragglerStep] = []
@@ -80,6 +95,7 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
     m["dtod_bytes_per_step"] = _ratio(m["dtod_bytes_in_steps"], m["step_count"])
     m["nccl_share_of_step"] = _ratio(m["nccl_step_ns"], m["gpu_span_ns"])
     m["pageable_host_share"] = _ratio(m["pageable_host_bytes"], m["host_device_bytes"])
+    m["host_device_bytes_per_step"] = _ratio(m["host_device_bytes"], m["step_count"])
     allreduce = [r.metrics.get("allreduce_bytes_per_step") for r in ranks]
     if allreduce and all(v is not None for v in allreduce) and m["step_count"]:
         total_steps = sum(r.metrics["step_count"] for r in ranks)
@@ -91,8 +107,9 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
         m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["allreduce_bytes_per_step"]
     else:
         m["dtod_to_gradient_ratio"] = None
-    spread, _, per_rank = straggler(ranks)
+    spread, compared, per_rank = straggler(ranks)
     m["straggler_spread"] = spread
+    m["straggler_steps_compared"] = len(compared)
     for result in ranks:
         if result.rank in per_rank:
             result.metrics["straggler_spread"] = per_rank[result.rank]
@@ -100,12 +117,14 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
     models = sorted({name for r in ranks for name in r.gpu_models})
     m["gpu_models"] = models
     m["distinct_gpu_models"] = len(models) if models else None
+    m["gpu_model_ranks"] = sum(1 for r in ranks if r.gpu_models)
     m["ranks"] = len(ranks)
     for key in (
         "gpu_to_cpu_copy_rate",
         "dtod_bytes_per_step",
         "nccl_share_of_step",
         "pageable_host_share",
+        "host_device_bytes_per_step",
         "allreduce_bytes_per_step",
         "dtod_to_gradient_ratio",
     ):
@@ -117,6 +136,8 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
             if not ranks
             else "needs at least two ranks"
             if len(ranks) < 2
+            else WINDOW_STEPS_NO_STRAGGLER
+            if any(r.step_source == "window" for r in ranks)
             else (
                 reason
                 if (reason := _first_reason(ranks, "straggler_spread")) != STRAGGLER_NEEDS_RANKS
