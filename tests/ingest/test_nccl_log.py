@@ -391,8 +391,10 @@ PUBLIC_EXPECTED = {
 }
 
 
-def test_every_public_excerpt_is_listed() -> None:
-    assert {p.name for p in PUBLIC.glob("*.log")} == set(PUBLIC_EXPECTED)
+def test_every_public_excerpt_names_its_source() -> None:
+    # The whole corpus (and its hand-written expectations) is tested in test_nccl_corpus.py; these
+    # first excerpts also pin their connection details and WARN ranks here.
+    assert set(PUBLIC_EXPECTED) <= {p.name for p in PUBLIC.glob("*.log")}
     for path in PUBLIC.glob("*.log"):
         assert "# source: https://github.com/" in path.read_text(), path.name
 
@@ -405,7 +407,7 @@ def test_public_excerpts(name: str) -> None:
     assert {c.detail for c in log.connections} == details
     assert {w.rank for w in log.warnings} == warn_ranks
     raw = (PUBLIC / name).read_text().splitlines()
-    assert all(c.line in raw for c in log.connections)
+    assert all(any(c.line in line for line in raw) for c in log.connections)
     validate(log)
 
 
@@ -586,7 +588,7 @@ def test_fuzz_mutated_real_lines(texts: list[str]) -> None:
     body = validate(log)
     assert set(body["transports"]) <= {"P2P", "SHM", "NET", "COLLNET", "NVLS"}
     for conn in log.connections:
-        assert any(conn.line == line for t in texts for line in t.splitlines())
+        assert any(conn.line in line for t in texts for line in t.splitlines())  # a line, or one record of it
 
 
 def test_two_communicators_in_one_process() -> None:

@@ -20,6 +20,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ _COMM_INIT = re.compile(
     r"(?: cudaDev (?P<cuda>\d+))?(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-fA-F]+))?(?P<rest>.*)$"
 )
 _COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
+#: "nranks 8": the communicator size alone (2.3-2.4 ncclCommInitAll, one process driving every GPU).
+_NRANKS_ONLY = re.compile(r"^nranks (?P<n>\d+)\s*$")
 _SYSTEM = re.compile(r"=== System : maxBw (?P<max>\d+(?:\.\d+)?) totalBw (?P<total>\d+(?:\.\d+)?) ===")
 #: "NCCL_P2P_DISABLE set by environment to 1" (no period, paths.cc) and "... to 1." (param.cc).
 _ENV = re.compile(r"(?P<name>[A-Z][A-Z0-9_]*) set by environment to (?P<value>.*)$")
@@ -83,7 +86,8 @@ _ENV_SET = re.compile(r"^(?P<name>NCCL_[A-Z0-9_]+) set to (?P<value>.*)$")
 _NET_IB = re.compile(r"NET/(?P<net>IB\w*) ?: ?Using(?P<rest>.*)$")
 _NET_IB_OLD = re.compile(r"NET/IB ?: \[\d+\] ?(?P<dev>\S+:\d+/\S+)")  # 2.3: "NET/IB: [0] mlx5_1:1/IB"
 _IB_DEV = re.compile(r"\[\d+\]\s?(?P<dev>[\w.-]+:\d+/(?:IB|RoCE)\S*)")
-_NET_SOCKET = re.compile(r"NET/Socket ?: ?Using(?P<rest>.*)$")
+#: "NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces); not 2.7's "Using 2 threads and 8 sockets per thread".
+_NET_SOCKET = re.compile(r"NET/Socket ?: ?Using ?(?P<rest>\[.*)$")
 _USING_NET = re.compile(r"Using (?:internal )?[Nn]etwork (?P<name>\S.*?)\s*$")
 #: NCCL reporting that NVLS was set up and connected (not merely available).
 _NVLS_CONNECTED = re.compile(r"Connected NVLS|NVLS comm 0x[0-9a-fA-F]+ headRank|\b(?P<n>[1-9]\d*) nvls channels")
@@ -282,6 +286,8 @@ class NcclLog:
     channel_counts: dict[str, int] = field(default_factory=dict)
     #: Ring channels whose rank order NCCL printed ("Channel 00/02 : 0 1 2 3").
     ring_channels: set[int] = field(default_factory=set)
+    #: Communicator sizes stated without a rank ("nranks 8", 2.3-2.4).
+    stated_sizes: list[int] = field(default_factory=list)
     #: Lines that carried an NCCL core or a known message (to tell an NCCL log from other text).
     nccl_lines: int = 0
 
@@ -318,7 +324,7 @@ class NcclLog:
     @property
     def ranks(self) -> int | None:
         """Communicator size when stated, else the number of distinct ranks seen."""
-        stated = [c.nranks for c in self.comms if c.nranks is not None]
+        stated = [c.nranks for c in self.comms if c.nranks is not None] + self.stated_sizes
         if stated:
             return max(stated)
         seen = {c.rank for c in self.comms}
@@ -349,7 +355,7 @@ class NcclLog:
             return None
         if self.nccl_lines == 0:
             return "the input has no NCCL log lines: run the job with NCCL_DEBUG=INFO"
-        stated = [c.nranks for c in self.comms if c.nranks is not None]
+        stated = [c.nranks for c in self.comms if c.nranks is not None] + self.stated_sizes
         if stated and max(stated) == 1:
             return (
                 "every communicator in the log has one rank: NCCL connects no peer, so there is no transport "
@@ -479,6 +485,25 @@ def _classify(via: str) -> tuple[str, str] | None:
     return cls, match.group("detail") or ""
 
 
+#: Where an NCCL record starts inside a line: "host:pid:tid [dev] [file:line ]NCCL INFO|WARN".
+_RECORD_START = re.compile(r"[^\s:\[\]]*:\d+:\d+\s+\[-?\d+\]\s+(?:[\w./+-]+:\d+\s+)?NCCL (?:INFO|WARN)\b")
+#: Longest line searched for several records (pastes that lost their newlines run to a few KiB).
+_MAX_GLUED = 65536
+
+
+def _records(raw: str) -> list[str]:
+    """One physical line as NCCL records. Pastes that lost their newlines, and processes that wrote
+    at the same time, put several ``host:pid:tid [dev] NCCL INFO`` records on one line; each is cut
+    out at its own core, so it keeps its own process and device. A line holds one record otherwise."""
+    if raw.count("NCCL ") < 2:
+        return [raw]
+    starts = [m.start() for m in _RECORD_START.finditer(raw, 0, _MAX_GLUED)]
+    if len(starts) < 2:
+        return [raw]
+    cuts = [0, *starts[1:], len(raw)]
+    return [raw[a:b] for a, b in pairwise(cuts) if raw[a:b].strip()]
+
+
 class _Parser:
     """Two passes: collect every record, then resolve ranks and communicators across sources."""
 
@@ -501,10 +526,11 @@ class _Parser:
             self.pos += 1
             if len(raw) < 8:
                 continue
-            try:
-                self._line(_split(name, lineno, self.pos, raw))
-            except (ValueError, IndexError, OverflowError):  # a mangled line is skipped, never fatal
-                continue
+            for piece in _records(raw):
+                try:
+                    self._line(_split(name, lineno, self.pos, piece))
+                except (ValueError, IndexError, OverflowError):  # a mangled line is skipped, never fatal
+                    continue
 
     def _line(self, line: _Line) -> None:
         msg = line.msg
@@ -550,6 +576,8 @@ class _Parser:
                 info.bus_id = m.group("bus").lower()
             if (cid := _COMM_ID.search(m.group("rest"))) is not None:
                 info.comm_id = cid.group(1).lower()
+        elif (m := _NRANKS_ONLY.match(msg.strip())) is not None:
+            self.log.stated_sizes.append(int(m.group("n")))
         elif (m := _SYSTEM.search(msg)) is not None:
             bw = (float(m.group("max")), float(m.group("total")))
             if all(math.isfinite(x) for x in bw):
@@ -772,7 +800,7 @@ def read_nccl_logs(paths: Iterable[Path]) -> NcclLog:
 
 
 _SNIFF_CORE = re.compile(
-    r"[^\s:\[\]]+:\d+:\d+\s+\[-?\d+\]\s+(?:[\w./+-]+:\d+\s+(?:\([^)]*\)\s+)?)?NCCL (?:INFO|WARN)\b"
+    r"(?:[^\s:\[\]]*:\d+:\d+\s+)?\[-?\d+\]\s+(?:[\w./+-]+:\d+\s+(?:\([^)]*\)\s+)?)?NCCL (?:INFO|WARN)\b"
 )
 
 

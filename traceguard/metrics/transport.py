@@ -122,6 +122,13 @@ class _Topology:
         for info in log.comms:
             self.by_comm_rank.setdefault((info.comm, info.rank), info)
         self.single_node = {info.comm for info in log.comms if info.nnodes == 1}
+        self.ambiguous_hosts = _ambiguous_hosts(log)
+        #: Hosts that printed connection lines for a (communicator, rank): where the rank runs when
+        #: the excerpt has no Init line for it.
+        self.printed_from: dict[tuple[str | None, int], set[str]] = defaultdict(set)
+        for conn in log.connections:
+            if conn.host is not None:
+                self.printed_from[(conn.comm, conn.rank)].add(conn.host)
 
     def host(self, comm: str | None, rank: int, printed_by: Connection | None = None) -> str | None:
         info = self.by_comm_rank.get((comm, rank))
@@ -129,7 +136,8 @@ class _Topology:
             return info.host
         if printed_by is not None and printed_by.rank == rank:
             return printed_by.host
-        return None
+        hosts = self.printed_from.get((comm, rank), set())
+        return next(iter(hosts)) if len(hosts) == 1 else None
 
     def same_node(self, conn: Connection) -> bool | None:
         """True/False when the log tells, None when it cannot (excerpt without the peer's lines)."""
@@ -140,7 +148,7 @@ class _Topology:
         if conn.comm is not None and conn.comm in self.single_node:
             return True
         mine, theirs = self.host(conn.comm, conn.rank, conn), self.host(conn.comm, conn.peer)
-        if mine is None or theirs is None:
+        if mine is None or theirs is None or mine in self.ambiguous_hosts:
             return None
         return mine == theirs
 
@@ -153,6 +161,21 @@ class _Topology:
         if bracket is None or not bracket.isdigit() or len(bracket) > 3:
             return None
         return int(bracket)
+
+
+def _ambiguous_hosts(log: NcclLog) -> set[str]:
+    """Host names that stand for several machines: two ranks of one communicator printed from that
+    name claim the same GPU (device index or busId), which no single machine can hold. Clusters with
+    default host names ("ubuntu", "user") do this; such a name cannot tell whether ranks share a node."""
+    claimed: dict[tuple[str, str | None, str], set[int]] = defaultdict(set)
+    for conn in log.connections:
+        if conn.host is not None and conn.rank_dev is not None:
+            claimed[(conn.host, conn.comm, conn.rank_dev.lower())].add(conn.rank)
+    for info in log.comms:
+        device = info.bus_id if info.bus_id is not None else info.device
+        if info.host is not None and device is not None:
+            claimed[(info.host, info.comm, str(device).lower())].add(info.rank)
+    return {host for (host, _, _), ranks in claimed.items() if len(ranks) > 1}
 
 
 def _env_lines(log: NcclLog, names: Iterable[str]) -> list[str]:
