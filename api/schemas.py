@@ -99,6 +99,32 @@ class PhaseRow(BaseModel):
     nccl_share: float | None
 
 
+class CollectiveTypeRow(BaseModel):
+    """Collectives of one type (DESIGN.md "Collectives by type"): ``step_index`` null for the
+    rank's totals over the analysis window."""
+
+    rank: int
+    step_index: int | None
+    collective: str
+    count: int
+    time_ns: int = Field(description="union of the type's kernel intervals per device, summed over devices")
+    exposed_ns: int = Field(description="the part of time_ns no compute kernel covers on the same device")
+    bytes: int | None = Field(description="Σ message sizes when every kernel has one, else null")
+
+
+class PeerRow(BaseModel):
+    """One cell of the point-to-point rank × peer matrix."""
+
+    rank: int
+    peer: int
+    kernels: int
+    time_ns: int
+    sends: int | None
+    recvs: int | None
+    bytes: int | None
+    source: str = Field(description="what named the peer: nccl_payload, kineto_args or two_rank_group")
+
+
 class StepRow(BaseModel):
     rank: int
     step_index: int
@@ -112,6 +138,7 @@ class StepRow(BaseModel):
     peer_bytes: int | None
     peer_copies: int | None
     phases: list[PhaseRow]
+    collectives: list[CollectiveTypeRow] = Field(default_factory=list, description="collectives by type in this step")
 
 
 class StepList(BaseModel):
@@ -210,6 +237,10 @@ class LinkTables(BaseModel):
     run_id: int
     collectives: list[CollectiveRow]
     connections: list[ConnectionRow]
+    collectives_by_type: list[CollectiveTypeRow] = Field(
+        default_factory=list, description="per rank and collective type, totals over the analysis window"
+    )
+    peers: list[PeerRow] = Field(default_factory=list, description="the point-to-point rank × peer matrix")
     transport_matrix: dict[str, dict[str, str]] = Field(
         description="rank → peer → transport classes NCCL logged for the pair (e.g. P2P, SHM, P2P+NET)"
     )

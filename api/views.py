@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from api.schemas import FilePublic, JobError, JobPublic, PhaseRow, RunDetail, RunPublic, StepRow, TokenPublic
-from traceguard.store.tables import File, Job, Phase, Run, Step, Token
+from collections.abc import Sequence
+
+from api.schemas import (
+    CollectiveTypeRow,
+    FilePublic,
+    JobError,
+    JobPublic,
+    PeerRow,
+    PhaseRow,
+    RunDetail,
+    RunPublic,
+    StepRow,
+    TokenPublic,
+)
+from traceguard.store.tables import CollectiveType, File, Job, PeerTraffic, Phase, Run, Step, Token
 
 
 def job_public(job: Job) -> JobPublic:
@@ -61,7 +74,15 @@ def phase_row(p: Phase) -> PhaseRow:
     return PhaseRow(phase=p.phase, cpu_ns=p.cpu_ns, gpu_ns=p.gpu_ns, nccl_ns=p.nccl_ns, nccl_share=p.nccl_share)
 
 
-def step_row(s: Step, phases: list[Phase]) -> StepRow:
+def collective_type_row(c: CollectiveType) -> CollectiveTypeRow:
+    return CollectiveTypeRow.model_validate(c, from_attributes=True)
+
+
+def peer_row(p: PeerTraffic) -> PeerRow:
+    return PeerRow.model_validate(p, from_attributes=True)
+
+
+def step_row(s: Step, phases: list[Phase], collectives: Sequence[CollectiveType] = ()) -> StepRow:
     return StepRow(
         rank=s.rank,
         step_index=s.step_index,
@@ -75,6 +96,7 @@ def step_row(s: Step, phases: list[Phase]) -> StepRow:
         peer_bytes=s.peer_bytes,
         peer_copies=s.peer_copies,
         phases=[phase_row(p) for p in phases],
+        collectives=[collective_type_row(c) for c in collectives],
     )
 
 

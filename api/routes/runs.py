@@ -26,9 +26,10 @@ from api.schemas import (
     UploadResult,
 )
 from api.streaming import Received, parse_rank, receive_upload
-from api.views import file_public, job_public, run_detail, run_public, step_row
+from api.views import collective_type_row, file_public, job_public, peer_row, run_detail, run_public, step_row
 from traceguard.checks.profiles import available
 from traceguard.errors import InputError
+from traceguard.metrics.collectives import COLLECTIVE_ORDER, OTHER
 from traceguard.report import html as html_report
 from traceguard.report import markdown
 from traceguard.report.compare import compare
@@ -42,6 +43,21 @@ from traceguard.store.runs import create_run, get_run, list_runs, parse_label_fi
 from traceguard.store.tables import Run
 
 router = APIRouter(prefix="/v1", tags=["runs"])
+#: ``?collective=`` values, matched without regard to case.
+COLLECTIVES = (*COLLECTIVE_ORDER, "Generic", OTHER)
+CollectiveQuery = Annotated[
+    str | None, Query(description="only this collective type: " + ", ".join(COLLECTIVES) + " (any case)")
+]
+
+
+def check_collective(name: str | None) -> str | None:
+    """The canonical spelling of a ``?collective=`` value; InputError for an unknown one."""
+    if name is None:
+        return None
+    for known in COLLECTIVES:
+        if known.lower() == name.strip().lower():
+            return known
+    raise InputError(f"unknown collective {name!r}; one of {', '.join(COLLECTIVES)}")
 ERRORS = {401: {"description": "no or bad token"}, 404: {"description": "no such run in this project"}}
 
 
@@ -282,19 +298,34 @@ def get_steps(
     phase: str | None = None,
     from_step: Annotated[int | None, Query(ge=0, description="first step index (time order within each rank)")] = None,
     to_step: Annotated[int | None, Query(ge=0, description="last step index, inclusive")] = None,
+    collective: CollectiveQuery = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> StepList:
-    """Step breakdown rows of the latest analysis, with their phases (only ``phase`` when given)."""
+    """Step breakdown rows of the latest analysis, with their phases (only ``phase`` when given)
+    and collectives by type (with ``collective``: only the steps that ran it, and only its rows)."""
     run = _visible(session, who.project_id, run_id)
+    collective = check_collective(collective)
     steps = results.query_steps(
-        session, run.id, rank=rank, from_step=from_step, to_step=to_step, limit=limit, offset=offset
+        session,
+        run.id,
+        rank=rank,
+        from_step=from_step,
+        to_step=to_step,
+        collective=collective,
+        limit=limit,
+        offset=offset,
     )
     phases = results.phases_of_steps(session, run.id, steps, phase)
     by_step: dict[tuple[int, int], list] = {}
     for p in phases:
         by_step.setdefault((p.rank, p.step_index), []).append(p)
-    rows = [step_row(s, by_step.get((s.rank, s.step_index), [])) for s in steps]
+    types: dict[tuple[int, int | None], list] = {}
+    for c in results.collective_types(session, run.id, collective=collective, steps=steps):
+        types.setdefault((c.rank, c.step_index), []).append(c)
+    rows = [
+        step_row(s, by_step.get((s.rank, s.step_index), []), types.get((s.rank, s.step_index), [])) for s in steps
+    ]
     if phase is not None:
         rows = [r for r in rows if r.phases]
     return StepList(run_id=run.id, steps=rows)
@@ -361,10 +392,16 @@ def get_compare(
 
 
 @router.get("/runs/{run_id}/links", responses=ERRORS)
-def get_links(run_id: int, who: Reader, session: SessionDep, rank: int | None = None) -> LinkTables:
-    """Collective statistics per rank and message size (latency, algbw/busbw) and the NCCL
-    transport map (every channel connection from the NCCL_DEBUG logs, and the rank × peer matrix)."""
+def get_links(
+    run_id: int, who: Reader, session: SessionDep, rank: int | None = None, collective: CollectiveQuery = None
+) -> LinkTables:
+    """Collective statistics per rank and message size (latency, algbw/busbw), collectives by type
+    (window totals per rank), the point-to-point rank × peer matrix, and the NCCL transport map
+    (every channel connection from the NCCL_DEBUG logs, and the rank × peer transport matrix).
+    ``collective`` keeps that type's rows (and the peer matrix only for a point-to-point type)."""
     run = _visible(session, who.project_id, run_id)
+    collective = check_collective(collective)
+    peers_wanted = collective is None or collective in ("SendRecv", "Send", "Recv")
     links = results.connections(session, run.id)
     matrix: dict[str, dict[str, str]] = {}
     for (rank_, peer), kinds in pair_transports((c.rank, c.peer, c.transport) for c in links).items():
@@ -372,8 +409,13 @@ def get_links(run_id: int, who: Reader, session: SessionDep, rank: int | None = 
     return LinkTables(
         run_id=run.id,
         collectives=[
-            CollectiveRow.model_validate(c, from_attributes=True) for c in results.collectives(session, run.id, rank)
+            CollectiveRow.model_validate(c, from_attributes=True)
+            for c in results.collectives(session, run.id, rank, collective)
         ],
+        collectives_by_type=[
+            collective_type_row(c) for c in results.collective_types(session, run.id, rank=rank, collective=collective)
+        ],
+        peers=[peer_row(p) for p in results.peer_traffic(session, run.id, rank)] if peers_wanted else [],
         connections=[ConnectionRow.model_validate(c, from_attributes=True) for c in links],
         transport_matrix=matrix,
     )

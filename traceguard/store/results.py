@@ -15,9 +15,11 @@ from traceguard.store.runs import with_labels
 from traceguard.store.tables import (
     CheckResult,
     Collective,
+    CollectiveType,
     Connection,
     File,
     Job,
+    PeerTraffic,
     Phase,
     RankResult,
     Report,
@@ -25,7 +27,7 @@ from traceguard.store.tables import (
     Step,
 )
 
-RESULT_TABLES = (RankResult, Step, Phase, Collective, Connection, CheckResult)
+RESULT_TABLES = (RankResult, Step, Phase, Collective, CollectiveType, PeerTraffic, Connection, CheckResult)
 MAX_ROWS = 10_000
 
 
@@ -149,6 +151,34 @@ def save_results(
                     busbw_gbps=c.get("busbw_gbps"),
                 )
             )
+        by_type = rank.get("collectives_by_type") or {}
+        for row in [*by_type.get("totals", []), *by_type.get("steps", [])]:
+            rows.append(
+                CollectiveType(
+                    run_id=run.id,
+                    rank=rank["rank"],
+                    step_index=row.get("step_index"),
+                    collective=row["collective"],
+                    count=row["count"],
+                    time_ns=row["time_ns"],
+                    exposed_ns=row["exposed_ns"],
+                    bytes=row.get("bytes"),
+                )
+            )
+        for row in (rank.get("peers") or {}).get("rows", []):
+            rows.append(
+                PeerTraffic(
+                    run_id=run.id,
+                    rank=row["rank"],
+                    peer=row["peer"],
+                    kernels=row["kernels"],
+                    time_ns=row["time_ns"],
+                    sends=row.get("sends"),
+                    recvs=row.get("recvs"),
+                    bytes=row.get("bytes"),
+                    source=row["source"],
+                )
+            )
     for conn in (doc.get("nccl") or {}).get("connections", []):
         rows.append(
             Connection(
@@ -197,12 +227,21 @@ def query_steps(
     rank: int | None = None,
     from_step: int | None = None,
     to_step: int | None = None,
+    collective: str | None = None,
     limit: int = 1000,
     offset: int = 0,
 ) -> list[Step]:
     """Steps of the run in (rank, step index) order; ``from_step``/``to_step`` are inclusive step
-    indexes (time order within each rank, from 0)."""
+    indexes (time order within each rank, from 0); ``collective``: only steps that ran it."""
     query = select(Step).where(Step.run_id == run_id)
+    if collective is not None:
+        ran = select(CollectiveType.id).where(
+            CollectiveType.run_id == run_id,
+            CollectiveType.rank == Step.rank,
+            CollectiveType.step_index == Step.step_index,
+            CollectiveType.collective == collective,
+        )
+        query = query.where(ran.exists())
     if rank is not None:
         query = query.where(Step.rank == rank)
     if from_step is not None:
@@ -256,11 +295,50 @@ def query_phases(
     return [(p, r) for p, r in session.execute(_page(query, limit, offset)).all()]
 
 
-def collectives(session: Session, run_id: int, rank: int | None = None) -> list[Collective]:
+def collectives(
+    session: Session, run_id: int, rank: int | None = None, collective: str | None = None
+) -> list[Collective]:
     query = select(Collective).where(Collective.run_id == run_id)
     if rank is not None:
         query = query.where(Collective.rank == rank)
+    if collective is not None:
+        query = query.where(Collective.collective == collective)
     return list(session.scalars(query.order_by(Collective.rank, Collective.id)))
+
+
+def collective_types(
+    session: Session,
+    run_id: int,
+    *,
+    rank: int | None = None,
+    collective: str | None = None,
+    steps: list[Step] | None = None,
+) -> list[CollectiveType]:
+    """Collectives-by-type rows: with ``steps``, the rows of those steps; otherwise the ranks'
+    window totals (``step_index`` null)."""
+    query = select(CollectiveType).where(CollectiveType.run_id == run_id)
+    if rank is not None:
+        query = query.where(CollectiveType.rank == rank)
+    if collective is not None:
+        query = query.where(CollectiveType.collective == collective)
+    if steps is None:
+        query = query.where(CollectiveType.step_index.is_(None))
+    elif not steps:
+        return []
+    else:
+        ranks = sorted({s.rank for s in steps})
+        lo, hi = min(s.step_index for s in steps), max(s.step_index for s in steps)
+        query = query.where(
+            CollectiveType.rank.in_(ranks), CollectiveType.step_index >= lo, CollectiveType.step_index <= hi
+        )
+    return list(session.scalars(query.order_by(CollectiveType.rank, CollectiveType.step_index, CollectiveType.id)))
+
+
+def peer_traffic(session: Session, run_id: int, rank: int | None = None) -> list[PeerTraffic]:
+    query = select(PeerTraffic).where(PeerTraffic.run_id == run_id)
+    if rank is not None:
+        query = query.where(PeerTraffic.rank == rank)
+    return list(session.scalars(query.order_by(PeerTraffic.rank, PeerTraffic.peer)))
 
 
 def connections(session: Session, run_id: int) -> list[Connection]:

@@ -275,6 +275,46 @@ class Collective(Base):
     busbw_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class CollectiveType(Base):
+    """Collectives by type of one rank (DESIGN.md "Collectives by type"): ``step_index`` null for
+    the rank's totals over the analysis window, else one step. ``time_ns`` union of the type's
+    kernel time per device; ``exposed_ns`` the part no compute kernel covers; ``bytes`` Σ message
+    sizes when every kernel has one, else null."""
+
+    __tablename__ = "collective_types"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    step_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    collective: Mapped[str] = mapped_column(String(50))
+    count: Mapped[int] = mapped_column(BigInteger)
+    time_ns: Mapped[int] = mapped_column(BigInteger)
+    exposed_ns: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    __table_args__ = (
+        Index("ix_collective_types_run_rank_index", "run_id", "rank", "step_index"),
+        Index("ix_collective_types_run_collective", "run_id", "collective"),
+    )
+
+
+class PeerTraffic(Base):
+    """One cell of the rank × peer matrix of point-to-point kernels: ``kernels`` carrying traffic
+    with ``peer``, ``time_ns`` Σ their durations, ``sends``/``recvs`` NCCL calls naming the peer,
+    ``bytes`` their message sizes, ``source`` what named the peer (metrics/collectives.py)."""
+
+    __tablename__ = "peer_traffic"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    peer: Mapped[int] = mapped_column(Integer)
+    kernels: Mapped[int] = mapped_column(BigInteger)
+    time_ns: Mapped[int] = mapped_column(BigInteger)
+    sends: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    recvs: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    source: Mapped[str] = mapped_column(String(100))
+
+
 class Connection(Base):
     """One NCCL channel connection from the NCCL_DEBUG logs (the transport map)."""
 
