@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from traceguard.metrics.collectives import run_totals
 from traceguard.metrics.rank import STRAGGLER_NEEDS_RANKS, RankResult
 
 SUMMED = (
@@ -103,8 +104,18 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
         m["allreduce_bytes_per_step"] = moved / total_steps if total_steps else None
     else:
         m["allreduce_bytes_per_step"] = None
-    if m["dtod_bytes_per_step"] is not None and m["allreduce_bytes_per_step"]:
-        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["allreduce_bytes_per_step"]
+    # The gradient payload of the run: Σ (each rank's payload per step × its steps) ÷ Σ steps,
+    # when every rank knows it; the collective that carries it when all ranks agree.
+    gradient = [r.metrics.get("gradient_reduction_bytes_per_step") for r in ranks]
+    carriers = {r.metrics.get("gradient_reduction_collective") for r in ranks}
+    if gradient and all(v is not None for v in gradient) and m["step_count"]:
+        moved = sum(v * r.metrics["step_count"] for v, r in zip(gradient, ranks, strict=True))
+        m["gradient_reduction_bytes_per_step"] = moved / m["step_count"]
+    else:
+        m["gradient_reduction_bytes_per_step"] = None
+    m["gradient_reduction_collective"] = next(iter(carriers)) if len(carriers) == 1 else None
+    if m["dtod_bytes_per_step"] is not None and m["gradient_reduction_bytes_per_step"]:
+        m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["gradient_reduction_bytes_per_step"]
     else:
         m["dtod_to_gradient_ratio"] = None
     spread, compared, per_rank = straggler(ranks)
@@ -126,6 +137,7 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
         "pageable_host_share",
         "host_device_bytes_per_step",
         "allreduce_bytes_per_step",
+        "gradient_reduction_bytes_per_step",
         "dtod_to_gradient_ratio",
     ):
         if m[key] is None:
@@ -175,6 +187,11 @@ class RunResult:
     straggler_steps: list[StragglerStep]
     #: Link metrics from side inputs (traceguard.metrics.links.LinkResult), merged into metrics.
     links: Any = None
+    #: Per collective type, Σ over ranks (metrics.collectives.run_totals).
+    collectives_by_type: list[dict[str, Any]] = field(default_factory=list)
+    #: The rank × peer matrix: {"rows": [{rank, peer, kernels, time_ns, sends, recvs, bytes,
+    #: source}], "null_reason": why a rank's point-to-point kernels have no peer, or None}.
+    peer_matrix: dict[str, Any] = field(default_factory=dict)
 
 
 def analyse_run(
@@ -197,4 +214,18 @@ def analyse_run(
     ]
     metrics, null = reduce_run(results)
     _, steps, _ = straggler(results)
-    return RunResult(metrics, null, results, steps)
+    return RunResult(
+        metrics,
+        null,
+        results,
+        steps,
+        collectives_by_type=run_totals([r.collectives_by_type for r in results]),
+        peer_matrix=peer_matrix_of(results),
+    )
+
+
+def peer_matrix_of(ranks: Sequence[RankResult]) -> dict[str, Any]:
+    """The ranks' peer rows as one matrix; the first rank's reason when some kernels lack a peer."""
+    rows = [row for r in ranks for row in r.peers.get("rows", [])]
+    reasons = [f"rank {r.rank}: {r.peers['null_reason']}" for r in ranks if r.peers.get("null_reason")]
+    return {"rows": rows, "null_reason": reasons[0] if reasons else None}
