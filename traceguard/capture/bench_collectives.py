@@ -34,59 +34,23 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+# The options live in bench_options (no torch needed for --help); OPS and parse_size stay importable from here.
+from traceguard.capture.bench_options import DTYPE_NAMES, parse_args
+from traceguard.capture.bench_options import OPS as OPS
+from traceguard.capture.bench_options import parse_size as parse_size
+
+#: name -> (torch dtype, the type name nccl-tests prints); the names are the options' (bench_options).
 DTYPES: dict[str, tuple[torch.dtype, str]] = {
-    "float32": (torch.float32, "float"),
-    "float16": (torch.float16, "half"),
-    "bfloat16": (torch.bfloat16, "bfloat16"),
-    "float64": (torch.float64, "double"),
-    "int32": (torch.int32, "int32"),
-    "int64": (torch.int64, "int64"),
-    "int8": (torch.int8, "int8"),
-    "uint8": (torch.uint8, "uint8"),
+    name: (getattr(torch, name), shown) for name, shown in DTYPE_NAMES.items()
 }
 # torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``8``, ``64K``, ``1G`` (binary multiples, as nccl-tests' ``-b``/``-e``) -> bytes."""
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in _SUFFIX:
-        return int(float(text[:-1]) * _SUFFIX[text[-1]])
-    return int(text)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
-    p.add_argument("--min-bytes", type=parse_size, default=8)
-    p.add_argument("--max-bytes", type=parse_size, default=1 << 30)
-    p.add_argument("--factor", type=int, default=2, help="size multiplication factor between rows")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--cuda-graph", action="store_true", help="time a CUDA-graph replay of the iters ops")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default=None)
-    p.add_argument("--check", action="store_true", help="verify results once per size (#wrong column)")
-    p.add_argument("--out", type=Path, default=None, help="also write the text output here (rank 0)")
-    p.add_argument("--json", type=Path, default=None, help="write machine-readable rows here (rank 0)")
-    args = p.parse_args(argv)
-    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    unknown = [o for o in args.ops if o not in OPS]
-    if unknown:
-        p.error(f"unknown op(s) {unknown}; choose from {list(OPS)}")
-    if args.factor < 2 or args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.iters < 1:
-        p.error("need --factor >= 2, 0 < --min-bytes <= --max-bytes and --iters >= 1")
-    return args
 
 
 def float_str(value: float, width: int) -> str:

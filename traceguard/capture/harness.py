@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Job options: each maps to a real code path of ddp_job.py.
 
 
-def add_job_options(p: argparse.ArgumentParser) -> None:
+def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--world-size", type=int, default=2, help="ranks (processes; one GPU each on GPUs)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl on GPUs, else gloo")
     p.add_argument("--capture", choices=["nsys", "torch", "none"], default="none")
@@ -414,6 +414,24 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def sweep_parser(*, with_job_options: bool = False) -> argparse.ArgumentParser:
+    """The sweep's own options; every other option is a job option, the base of every setting.
+
+    ``with_job_options`` adds those too, for the help text (parsing leaves them to ``run_parser``).
+    """
+    p = argparse.ArgumentParser(
+        prog="traceguard harness sweep",
+        description="Run every setting of a matrix, one bundle per setting; other options are job options "
+        "(those of `traceguard harness run`) applied to every setting.",
+    )
+    p.add_argument("--matrix", default="gpu", choices=sorted(MATRICES), help="named matrix of settings")
+    p.add_argument("--out", type=Path, required=True, help="directory for one bundle per setting")
+    p.add_argument("--only", action="append", help="run only these settings (repeatable)")
+    if with_job_options:
+        add_job_options(p.add_argument_group("job options (every setting)"))
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("run", "sweep"):
@@ -423,11 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = run_bundle(run_parser().parse_args(argv[1:]))
         print(json.dumps({k: manifest[k] for k in ("exit_status", "seconds", "throughput_steps_per_s", "diagnostics")}))
         return 0 if manifest["exit_status"] == 0 else 1
-    p = argparse.ArgumentParser(prog="traceguard harness sweep")
-    p.add_argument("--matrix", default="gpu", choices=sorted(MATRICES))
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--only", action="append", help="run only these settings (repeatable)")
-    known, base = p.parse_known_args(argv[1:])
+    known, base = sweep_parser().parse_known_args(argv[1:])
     results = sweep(base, known.matrix, known.out, known.only)
     return 0 if all(r["exit_status"] == 0 for r in results) else 1
 

@@ -17,6 +17,7 @@ from traceguard.cli.common import (
     ProfileOpt,
     ReportFormat,
     SmiQOpt,
+    StepPatternOpt,
     TopoOpt,
     app,
     format_for,
@@ -25,6 +26,7 @@ from traceguard.cli.common import (
     render,
     run_analysis,
     sides,
+    step_patterns,
     warn_inputs,
     write,
 )
@@ -47,9 +49,16 @@ def analyze_command(
     out_path: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the report here instead of stdout.")
     ] = None,
+    nccl_log: NcclLogOpt = None,
+    dmon: DmonOpt = None,
+    nccl_tests: NcclTestsOpt = None,
+    topo: TopoOpt = None,
+    smi_q: SmiQOpt = None,
+    step_pattern: StepPatternOpt = None,
 ) -> None:
     """Analyse captures of one run and print or write the report (exit 0 whenever a report is made)."""
-    analysis = run_analysis(captures, profile)
+    patterns = step_patterns(step_pattern)
+    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns)
     warn_inputs(analysis.report)
     write(render(analysis.report, format_for(out_path, fmt)), out_path)
 
@@ -65,9 +74,11 @@ def check_command(
     nccl_tests: NcclTestsOpt = None,
     topo: TopoOpt = None,
     smi_q: SmiQOpt = None,
+    step_pattern: StepPatternOpt = None,
 ) -> None:
     """The gate: exit 0 when no check fails, 1 when one does, 2 when no input is usable."""
-    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q))
+    patterns = step_patterns(step_pattern)
+    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns)
     report = analysis.report
     warn_inputs(report)
     print_checks(report)

@@ -44,8 +44,9 @@ class ReportFormat(StrEnum):
 Captures = Annotated[
     list[str] | None,
     typer.Argument(
-        help="Capture files (nsys .sqlite[.gz] / .nsys-rep, Kineto .json[.gz]) or run-bundle directories "
-        "(their NCCL logs and nvidia-smi / benchmark files are found by content); FILE:RANK names the rank.",
+        help="Capture files (nsys .sqlite[.gz] / .nsys-rep, Kineto .json[.gz]), run-bundle directories, and side "
+        "files (NCCL_DEBUG logs, nvidia-smi dmon / topo -m / -q output, nccl-tests output), all recognised by "
+        "content; FILE:RANK names a capture's rank.",
         show_default=False,
     ),
 ]
@@ -71,6 +72,43 @@ NcclTestsOpt = Annotated[
 TopoOpt = Annotated[list[Path] | None, typer.Option("--topo", help="`nvidia-smi topo -m` output.")]
 SmiQOpt = Annotated[list[Path] | None, typer.Option("--smi-q", help="`nvidia-smi -q` output (PCIe link speed).")]
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Checklist profile name or .toml path.")]
+StepPatternOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--step-pattern",
+        metavar="REGEX",
+        help="NVTX / record_function range name that marks one training step (regular expression, repeatable); "
+        "tried before the profile's patterns and the known training-loop conventions.",
+        show_default=False,
+    ),
+]
+
+
+def side_paths(
+    nccl_log: list[Path] | None,
+    dmon: list[Path] | None,
+    nccl_tests: list[Path] | None,
+    topo: list[Path] | None,
+    smi_q: list[Path] | None,
+) -> list[Path]:
+    """Every side file given as an option, for the commands that classify files by content (record, upload)."""
+    return [*(nccl_log or []), *(dmon or []), *(nccl_tests or []), *(topo or []), *(smi_q or [])]
+
+
+def step_patterns(patterns: list[str] | None) -> list[str]:
+    """The ``--step-pattern`` values, each compiled by the engine that will match it (Polars' regex:
+    no look-around, no back-references); a bad one exits 2 naming the pattern and the error."""
+    import polars as pl
+
+    for pattern in patterns or []:
+        try:
+            pl.select(pl.lit("").str.contains(pattern))
+        except pl.exceptions.PolarsError as exc:
+            lines = [line.strip() for line in str(exc).splitlines()]
+            reason = next((line.removeprefix("error: ") for line in lines if line.startswith("error: ")), lines[0])
+            err.print(f"[bold red]error[/]: --step-pattern {pattern!r} is not a valid regular expression: {reason}")
+            raise typer.Exit(2) from None
+    return list(patterns or [])
 
 
 def _version(value: bool) -> None:
@@ -88,10 +126,21 @@ def main(
     """traceguard command line."""
 
 
-def run_analysis(captures: list[str] | None, profile: str, side: SideFiles | None = None) -> Analysis:
+def run_analysis(
+    captures: list[str] | None,
+    profile: str,
+    side: SideFiles | None = None,
+    patterns: list[str] | None = None,
+) -> Analysis:
     try:
         with err.status("reading captures", spinner="dots") as status:
-            return analyze(captures or [], profile=profile, side_files=side, progress=lambda msg: status.update(msg))
+            return analyze(
+                captures or [],
+                profile=profile,
+                side_files=side,
+                step_patterns=patterns,
+                progress=lambda msg: status.update(msg),
+            )
     except TraceguardError as exc:
         err.print(f"[bold red]error[/]: {exc.message}")
         if exc.hint:

@@ -2,34 +2,73 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
+from typer.core import TyperCommand
 
 from traceguard.checks.profiles import DEFAULT_PROFILE
 from traceguard.cli.common import ProfileOpt, app, err, out
 from traceguard.errors import TraceguardError
 from traceguard.pipeline import analyze
 
+if TYPE_CHECKING:
+    from typer._click import HelpFormatter  # typer's own click, the one its commands use
 
-@app.command(
-    "bench-collectives",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
+
+def with_parser_help(parser: Callable[[], argparse.ArgumentParser]) -> type[TyperCommand]:
+    """A command class whose ``--help`` ends with the help of the argparse parser its other options go to.
+
+    The harness and the benchmark define their options once, in argparse (they run as ``python -m``
+    on GPU machines); the pass-through commands show them from there instead of a copy.
+    """
+
+    class PassThroughCommand(TyperCommand):
+        def format_help(self, ctx: typer.Context, formatter: HelpFormatter) -> None:
+            super().format_help(ctx, formatter)
+            formatter.write("\n" + parser().format_help())
+
+    return PassThroughCommand
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    from traceguard.capture.bench_options import build_parser
+
+    return build_parser(prog="traceguard bench-collectives")
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    from traceguard.capture import harness
+
+    return harness.run_parser()
+
+
+def _sweep_parser() -> argparse.ArgumentParser:
+    from traceguard.capture import harness
+
+    return harness.sweep_parser(with_job_options=True)
+
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command("bench-collectives", context_settings=_PASS_THROUGH, cls=with_parser_help(_bench_parser))
 def bench_collectives_command(
     ctx: typer.Context,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes (GPUs) to use; default: all GPUs.")] = None,
 ) -> None:
-    """Collective sweep printing nccl-tests output (needs traceguard[harness]); other options pass through
-    to `python -m traceguard.capture.bench_collectives` (see its --help)."""
+    r"""Collective sweep printing nccl-tests output (needs traceguard\[harness]): the benchmark's options,
+    listed below, pass through to `python -m traceguard.capture.bench_collectives` on every rank."""
     import importlib.util
     import subprocess
 
     if importlib.util.find_spec("torch") is None:
-        err.print("[bold red]error[/]: bench-collectives needs torch: pip install 'traceguard[harness]'")
+        err.print("[bold red]error[/]: bench-collectives needs torch: pip install 'traceguard\\[harness]'")
         raise typer.Exit(2)
     if nproc is None:
         import torch
@@ -48,31 +87,31 @@ def bench_collectives_command(
     raise typer.Exit(subprocess.call(cmd))
 
 
-harness_app = typer.Typer(help="Run the instrumented DDP job (needs traceguard[harness]) and sweeps of settings.")
+harness_app = typer.Typer(
+    help=r"Run the instrumented DDP job (needs traceguard\[harness]) and sweeps of settings.",
+    no_args_is_help=True,
+)
 app.add_typer(harness_app, name="harness")
-_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@harness_app.command("run", context_settings=_PASS_THROUGH)
+@harness_app.command("run", context_settings=_PASS_THROUGH, cls=with_parser_help(_run_parser))
 def harness_run(ctx: typer.Context) -> None:
-    """Run the job once into a bundle: options of `python -m traceguard.capture.harness run --help`."""
+    """Run the job once into a bundle (the options below)."""
     from traceguard.capture import harness
 
     raise typer.Exit(harness.main(["run", *ctx.args]))
 
 
-@harness_app.command("sweep", context_settings=_PASS_THROUGH)
-def harness_sweep(
-    ctx: typer.Context,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for one bundle per setting.")],
-    matrix: Annotated[str, typer.Option("--matrix", help="Named matrix: gpu or cpu.")] = "gpu",
-    profile: ProfileOpt = DEFAULT_PROFILE,
-) -> None:
-    """Run a matrix of settings, then write the results table (results.md, results.json)."""
+@harness_app.command("sweep", context_settings=_PASS_THROUGH, cls=with_parser_help(_sweep_parser))
+def harness_sweep(ctx: typer.Context, profile: ProfileOpt = DEFAULT_PROFILE) -> None:
+    """Run a matrix of settings (the options below), then write the results table (results.md,
+    results.json) judged under --profile."""
     from traceguard.capture import harness
 
-    harness.main(["sweep", "--matrix", matrix, "--out", str(out_dir), *ctx.args])
-    harness_table(out_dir, profile)
+    known, _ = harness.sweep_parser().parse_known_args(ctx.args)  # exits 2 with argparse's message
+    code = harness.main(["sweep", *ctx.args])
+    harness_table(known.out, profile)
+    raise typer.Exit(code)
 
 
 @harness_app.command("table")

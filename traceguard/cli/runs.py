@@ -10,8 +10,13 @@ import typer
 from traceguard.checks.profiles import DEFAULT_PROFILE, available
 from traceguard.cli.common import (
     DataDirOpt,
+    DmonOpt,
     LabelOpt,
+    NcclLogOpt,
+    NcclTestsOpt,
     ProfileOpt,
+    SmiQOpt,
+    TopoOpt,
     app,
     err,
     fail,
@@ -19,6 +24,7 @@ from traceguard.cli.common import (
     out,
     print_checks,
     settings_for,
+    side_paths,
     warn_inputs,
     where,
     write,
@@ -30,13 +36,23 @@ from traceguard.report import junit
 @app.command("record")
 def record_command(
     captures: Annotated[
-        list[Path], typer.Argument(help="Capture files, side files, run bundles (directories or archives).")
-    ],
+        list[Path] | None,
+        typer.Argument(
+            help="Capture files, side files (NCCL logs, nvidia-smi / nccl-tests output) and run bundles "
+            "(directories or archives), all recognised by content.",
+            show_default=False,
+        ),
+    ] = None,
     project: Annotated[str, typer.Option(help="Project to record the run in.")] = "default",
     name: Annotated[str, typer.Option(help="Run name.")] = "",
     label: LabelOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
     data_dir: DataDirOpt = None,
+    nccl_log: NcclLogOpt = None,
+    dmon: DmonOpt = None,
+    nccl_tests: NcclTestsOpt = None,
+    topo: TopoOpt = None,
+    smi_q: SmiQOpt = None,
 ) -> None:
     """Analyse captures and keep the run in the store (no server needed): the same intake and job
     the service runs. Exits like `check`."""
@@ -52,7 +68,12 @@ def record_command(
     if profile not in available():
         err.print(f"[bold red]error[/]: unknown profile {profile!r} (profiles: {', '.join(sorted(available()))})")
         raise typer.Exit(2)
-    files = [p for c in captures for p in (sorted(x for x in c.iterdir() if x.is_file()) if c.is_dir() else [c])]
+    given = [*(captures or []), *side_paths(nccl_log, dmon, nccl_tests, topo, smi_q)]
+    if not given:
+        err.print("[bold red]error[/]: nothing to record: give capture files, a run directory, or side files")
+        raise typer.Exit(2)
+    # The intake classifies every file by content, so a side file given as an option is one more file.
+    files = [p for c in given for p in (sorted(x for x in c.iterdir() if x.is_file()) if c.is_dir() else [c])]
     try:
         ctx = Context.open(settings_for(data_dir))
         with transaction(ctx.factory) as session:
@@ -92,12 +113,16 @@ def record_command(
 
 @app.command("upload")
 def upload_command(
-    paths: Annotated[
-        list[str],
-        typer.Argument(help="Files to upload (FILE:RANK names the rank); a run directory goes as one archive."),
-    ],
     server: Annotated[str, typer.Option(envvar="TRACEGUARD_SERVER", help="Service URL.")],
     token: Annotated[str, typer.Option(envvar="TRACEGUARD_TOKEN", help="API token with read and upload scopes.")],
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Captures and side files to upload, recognised by content by the service (FILE:RANK names a "
+            "capture's rank); a run directory goes as one archive.",
+            show_default=False,
+        ),
+    ] = None,
     label: LabelOpt = None,
     name: Annotated[str, typer.Option(help="Run name.")] = "",
     profile: ProfileOpt = DEFAULT_PROFILE,
@@ -112,6 +137,11 @@ def upload_command(
             "match), e.g. --baseline branch=main: checks that changed and the largest metric changes.",
         ),
     ] = None,
+    nccl_log: NcclLogOpt = None,
+    dmon: DmonOpt = None,
+    nccl_tests: NcclTestsOpt = None,
+    topo: TopoOpt = None,
+    smi_q: SmiQOpt = None,
 ) -> None:
     """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
     like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
@@ -122,9 +152,14 @@ def upload_command(
     from traceguard.client import Client, ServiceError, pack_bundle
     from traceguard.ingest import parse_spec
 
+    # Side files given as options are more files to send: the service recognises them by content.
+    given = [*(paths or []), *(str(p) for p in side_paths(nccl_log, dmon, nccl_tests, topo, smi_q))]
+    if not given:
+        err.print("[bold red]error[/]: nothing to upload: give capture files, a run directory, or side files")
+        raise typer.Exit(2)
     specs = []
     scratch = tempfile.TemporaryDirectory(prefix="traceguard-upload-")
-    for text in paths:
+    for text in given:
         spec = parse_spec(text)
         if spec.path.is_dir():
             # A run bundle travels as one archive, so its manifest's ranks come with it.

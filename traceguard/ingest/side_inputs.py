@@ -42,7 +42,10 @@ __all__ = [
     "sniff_side_input",
 ]
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+#: Terminal control sequences (CSI): nvidia-smi underlines the topo header when it believes it writes to a
+#: terminal. Pasted into an issue they often arrive in caret notation (``^[[4m``, as ``cat -v`` and many
+#: terminals copy them), which is stripped the same way.
+_ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[ -/]*[@-~]")
 _NA = {"-", "N/A", "n/a", "NA", "na", "[N/A]", "[Not Supported]", "nan", "NaN", ""}
 
 
@@ -536,7 +539,9 @@ def parse_topo(text: str) -> dict[str, Any]:
             topo.nic_names[legend.group(1)] = legend.group(2)
             continue
         tokens = line.split()
-        if tokens[0] == "GPU0" and len(tokens) > 1 and not _LINK.match(tokens[1]):
+        # The header starts with the GPU0 column and goes on with a device label or, on a one-GPU host,
+        # "CPU Affinity" (whose "CPU" is also a link kind); GPU0's own row goes on with "X".
+        if tokens[0] == "GPU0" and len(tokens) > 1 and (not _LINK.match(tokens[1]) or _AFFINITY_COLS[0] in line):
             columns = _topo_columns(line)
             topo.nics = [c for c in columns if not c.startswith("GPU") and c not in _AFFINITY_COLS]
             for col in columns:

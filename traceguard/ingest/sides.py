@@ -13,7 +13,8 @@ from typing import TypeVar
 import polars as pl
 
 from traceguard.errors import InputError
-from traceguard.ingest.nccl_log import NcclLog, looks_like_nccl_log, read_nccl_logs
+from traceguard.ingest import InputSpec, parse_spec
+from traceguard.ingest.nccl_log import NcclLog, read_nccl_logs
 
 KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q")
 _MAX_SIDE_BYTES = 64 << 20
@@ -67,17 +68,38 @@ def _text(path: Path) -> str:
 
 
 def classify(path: Path) -> str | None:
-    """The side-input kind of a file, from its content (None: not a side input)."""
-    from traceguard.ingest.side_inputs import sniff_side_input
+    """The side-input kind of a file (one of :data:`KINDS`), from its content; None: not a side input.
+
+    The one content classifier is :func:`traceguard.ingest.uploads.classify` (the service's intake
+    uses it too); this keeps only its side kinds.
+    """
+    from traceguard.ingest.uploads import classify as classify_content
 
     try:
-        head = _text(path)[:65536]
-    except InputError:
+        found = classify_content(path)
+    except (InputError, OSError):
         return None
-    if looks_like_nccl_log(head):
-        return "nccl_log"
-    kind = sniff_side_input(head)
-    return {"dmon": "dmon", "nccl-tests": "nccl_tests", "topo": "topo", "smi-q": "smi_q"}.get(kind or "")
+    return found.kind if found.kind in KINDS else None
+
+
+def split_inputs(inputs: Iterable[str | InputSpec]) -> tuple[list[str | InputSpec], SideFiles]:
+    """Positional inputs → (captures and run directories, side files), by content.
+
+    A file whose content is an NCCL log, ``nvidia-smi`` or nccl-tests output goes to the side
+    inputs; everything else (captures, directories, files that cannot be read or recognised) stays
+    with the captures, whose reader says what is wrong with it. ``FILE:RANK`` names a capture's
+    rank; on a side file the rank is ignored (the side readers find ranks in the content).
+    """
+    captures: list[str | InputSpec] = []
+    found = SideFiles()
+    for item in inputs:
+        path = item.path if isinstance(item, InputSpec) else parse_spec(item).path
+        kind = classify(path) if path.is_file() else None
+        if kind:
+            getattr(found, kind).append(path)
+        else:
+            captures.append(item)
+    return captures, found
 
 
 def discover(directory: Path) -> SideFiles:
