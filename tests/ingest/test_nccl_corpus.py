@@ -102,6 +102,18 @@ def test_net_socket_thread_line_is_not_an_interface() -> None:
     assert log.networks["socket"] == ["[0]ibs85f0:192.168.1.14<0> [1]ib0:192.168.1.15<0>"]
 
 
+def test_network_in_use_is_the_network_line_not_the_plugin_line() -> None:
+    # "NET/Plugin: Using internal network plugin." names no network; "Using network Socket" does.
+    for name, using in [
+        ("v2.21_docker_four_ranks_partial.log", []),
+        ("v2.19.3_one_rank_rings_partial.log", ["Socket"]),
+        ("v2.2x_ibext_sharp_devices_partial.log", ["IBext_v8"]),
+    ]:
+        text = (CORPUS / name).read_text()
+        assert using == sorted(set(re.findall(r"NCCL INFO Using network (\S+)$", text, re.MULTILINE)))
+        assert read_nccl_logs([CORPUS / name]).networks["using"] == using
+
+
 def test_hosts_with_one_name_for_several_machines_are_not_one_node() -> None:
     """Both nodes are called "user" (rank 0 and rank 8 both claim busId 27000): NET between them is
     not a within-node fallback. Two ranks of one real host talking over NET/IB is one."""

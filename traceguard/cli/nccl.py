@@ -27,6 +27,7 @@ def nccl_command(
 ) -> None:
     """NCCL's own account of how it connected the GPUs: transport matrix (rank × peer) and findings."""
     from traceguard.ingest.sides import SideFiles, load_side
+    from traceguard.metrics.transport import nccl_document
     from traceguard.report.nccl import render_markdown
 
     try:
@@ -36,10 +37,10 @@ def nccl_command(
     except TraceguardError as exc:
         err.print(f"[bold red]error[/]: {exc.message}")
         raise typer.Exit(exc.exit_code) from None
-    doc = side.nccl.to_dict(nvlink_pairs=side.nvlink_pairs)
-    if not (doc["connections"] or doc["versions"] or doc["warnings"]):
+    if side.nccl.nccl_lines == 0:  # a log without connection lines is a partial log, not an error
         err.print("[bold red]error[/]: no NCCL log lines found; run the job with NCCL_DEBUG=INFO")
         raise typer.Exit(2)
+    doc = nccl_document(side.nccl, nvlink_pairs=side.nvlink_pairs)
     if fmt is NcclFormat.json:
         write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n", out_path)
     else:

@@ -88,7 +88,9 @@ _NET_IB_OLD = re.compile(r"NET/IB ?: \[\d+\] ?(?P<dev>\S+:\d+/\S+)")  # 2.3: "NE
 _IB_DEV = re.compile(r"\[\d+\]\s?(?P<dev>[\w.-]+:\d+/(?:IB|RoCE)\S*)")
 #: "NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces); not 2.7's "Using 2 threads and 8 sockets per thread".
 _NET_SOCKET = re.compile(r"NET/Socket ?: ?Using ?(?P<rest>\[.*)$")
-_USING_NET = re.compile(r"Using (?:internal )?[Nn]etwork (?P<name>\S.*?)\s*$")
+#: "Using network IB" / "Using network IBext_v8" (and 2.3's "Using internal Network Socket"); not
+#: 2.19+'s "NET/Plugin: Using internal network plugin." (whichever network the plugin then picks).
+_USING_NET = re.compile(r"^Using (?:internal )?[Nn]etwork (?P<name>(?!plugin\b)\S+)\s*$")
 #: NCCL reporting that NVLS was set up and connected (not merely available).
 _NVLS_CONNECTED = re.compile(r"Connected NVLS|NVLS comm 0x[0-9a-fA-F]+ headRank|\b(?P<n>[1-9]\d*) nvls channels")
 #: "2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer"
@@ -597,7 +599,7 @@ class _Parser:
             self.records.append(("net", line, ("ib", m.group("dev"))))
         elif (m := _NET_SOCKET.search(msg)) is not None:
             self.records.append(("net", line, ("socket", m.group("rest").strip())))
-        elif (m := _USING_NET.search(msg)) is not None:
+        elif (m := _USING_NET.search(msg.strip())) is not None:
             self.records.append(("net", line, ("using", m.group("name"))))
         elif (counts := _CHANNEL_COUNTS.findall(msg)) and " channels" in msg:
             for n, kind, per_peer in counts:
