@@ -52,6 +52,8 @@ SEARCH_PREFIX = 1 << 20
 #: Distinct kernel names recurring at exactly the period, three times or more, that accept it
 #: even when streams interleave differently each iteration (lowering the element-wise match).
 MIN_STEADY_NAMES = 3
+#: Kernels a boundary may move to reach the idle gap next to it (see ``_settle``).
+SETTLE_KERNELS = 2
 #: Kernels compared when aligning the next iteration's start with the current one's.
 ALIGN_KERNELS = 32
 #: Share of the sequence an anchor's recurrences must span.
@@ -206,6 +208,20 @@ def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
     return int(candidates[best[np.argmin(np.abs(candidates[best] - target))]])
 
 
+def _settle(marks: list[int], idle: np.ndarray) -> list[int]:
+    """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it: the phase is
+    an average over all iterations, so an iteration a kernel longer shifts it by one for the
+    iterations before. (The capture's first kernel has no gap before it to tell: a capture that
+    opens exactly on an iteration may see its first boundary a kernel or two late.)"""
+    gaps = idle
+    settled: list[int] = []
+    for mark in marks:
+        lo = max(settled[-1] + 1 if settled else 0, mark - SETTLE_KERNELS)
+        hi = min(idle.size, mark + SETTLE_KERNELS + 1)
+        settled.append(lo + int(np.argmax(gaps[lo:hi])))
+    return settled
+
+
 def boundaries(
     names: np.ndarray, start: np.ndarray, end: np.ndarray, period: int, optimizer: np.ndarray | None = None
 ) -> list[tuple[int, int]]:
@@ -222,6 +238,7 @@ def boundaries(
         if target >= n or lo >= hi:
             break
         marks.append(_align(names, marks[-1], target, lo, hi))
+    marks = _settle(marks, idle)
     steps = list(itertools.pairwise(marks))
     if n - marks[-1] >= period - slack:  # the last iteration is complete
         steps.append((marks[-1], n))
