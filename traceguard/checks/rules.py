@@ -300,7 +300,7 @@ def _largest_message_found(result: RunResult) -> str:
 
 
 def _small_sizes_found(result: RunResult) -> str:
-    return f"{_plural(_m(result, 'allreduce_small_samples') or 0, 'timed all-reduce size')} of at most 8 KiB"
+    return f"{_plural(_m(result, 'allreduce_small_sizes') or 0, 'timed all-reduce size')} of at most 8 KiB"
 
 
 RULES: dict[str, Rule] = {
@@ -488,8 +488,8 @@ RULES: dict[str, Rule] = {
             _link_evidence("allreduce_latency"),
             floors=(
                 Floor(
-                    "min_samples",
-                    "allreduce_small_samples",
+                    "min_sizes",
+                    "allreduce_small_sizes",
                     "sizes",
                     _small_sizes_found,
                     "too few sizes for a median: one noisy size would decide",

@@ -14,7 +14,7 @@
 Evidence the link rules' floors read (DESIGN.md, "Minimum evidence"): ``nccl_connections`` (the
 connection lines in the NCCL log), ``pcie_samples`` (dmon PCIe samples of the GPU with the
 fewest), ``allreduce_largest_bytes`` (the largest all-reduce size in the benchmark) and
-``allreduce_small_samples`` (its rows of at most 8 KiB that have a time: the median's samples).
+``allreduce_small_sizes`` (its distinct sizes of at most 8 KiB that have a time).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
                 ranks = sorted(f.ranks)
                 pairs |= {frozenset((a, b)) for i, a in enumerate(ranks) for b in ranks[i + 1 :]} or {frozenset(ranks)}
         m["transport_fallback_pairs"] = len(pairs)
+    if side.nccl is not None:  # a partial log's WARN/error findings are the evidence of its skip
         evidence["transport_p2p"] = [
             {"finding": f.id, "severity": f.severity, "message": f.message, "ranks": f.ranks, "lines": f.evidence[:6]}
             for f in found
@@ -117,18 +118,18 @@ def _collectives(
     m["allreduce_small_latency_us"] = None
     m["allreduce_peak_busbw_gbps"] = None
     m["allreduce_largest_bytes"] = None
-    m["allreduce_small_samples"] = None
+    m["allreduce_small_sizes"] = None
     table = side.nccl_tests
     reason = "no collective benchmark output given (--nccl-tests; `traceguard bench-collectives` makes one)"
     if table is None or table.height == 0:
         null["p2p_utilization"] = null["allreduce_small_latency_us"] = reason
-        null["allreduce_peak_busbw_gbps"] = null["allreduce_largest_bytes"] = null["allreduce_small_samples"] = reason
+        null["allreduce_peak_busbw_gbps"] = null["allreduce_largest_bytes"] = null["allreduce_small_sizes"] = reason
         return
     allreduce = table.filter(pl.col("collective") == "all_reduce")
     if allreduce.height == 0:
         null["p2p_utilization"] = null["allreduce_small_latency_us"] = "the benchmark output has no all_reduce table"
         null["allreduce_peak_busbw_gbps"] = null["p2p_utilization"]
-        null["allreduce_largest_bytes"] = null["allreduce_small_samples"] = null["p2p_utilization"]
+        null["allreduce_largest_bytes"] = null["allreduce_small_sizes"] = null["p2p_utilization"]
         return
     largest = allreduce.sort("size_bytes").tail(1).row(0, named=True)
     m["allreduce_largest_bytes"] = int(largest["size_bytes"])
@@ -153,7 +154,8 @@ def _collectives(
             }
         ]
     small = allreduce.filter(pl.col("size_bytes") <= SMALL_MESSAGE_BYTES).drop_nulls("oop_time_us")
-    m["allreduce_small_samples"] = small.height
+    # Distinct sizes: one sweep given twice (nccl-tests.txt and the job's stdout) is not more evidence.
+    m["allreduce_small_sizes"] = small["size_bytes"].n_unique()
     if small.height == 0:
         null["allreduce_small_latency_us"] = f"no all_reduce sizes of at most {SMALL_MESSAGE_BYTES} bytes"
     else:

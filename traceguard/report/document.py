@@ -63,7 +63,7 @@ LINK_METRICS = (
     "nccl_connections",
     "pcie_samples",
     "allreduce_largest_bytes",
-    "allreduce_small_samples",
+    "allreduce_small_sizes",
 )
 
 
