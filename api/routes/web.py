@@ -152,7 +152,12 @@ def runs_page(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(
-    request: Request, run_id: int, session: SessionDep, ctx: ContextDep, profile: str | None = None
+    request: Request,
+    run_id: int,
+    session: SessionDep,
+    ctx: ContextDep,
+    profile: str | None = None,
+    collective: str | None = None,
 ) -> Response:
     who = _who(request, session)
     if who is None:
@@ -180,8 +185,17 @@ def run_page(
     if doc is None:
         jobs = run_jobs(session, run.id)
         return templates.TemplateResponse(request, "run_pending.html", {**context, "job": jobs[-1] if jobs else None})
-    header = templates.get_template("run_header.html").render(**context)
-    return HTMLResponse(html_report.render(doc, plotly_src="/static/plotly.min.js", header_html=header))
+    # The collective types this run ran, for the header's filter links; an unknown one shows all.
+    present = list(dict.fromkeys(row["collective"] for row in doc["run"].get("collectives_by_type") or []))
+    chosen_collective = next((c for c in present if collective and c.lower() == collective.strip().lower()), None)
+    header = templates.get_template("run_header.html").render(
+        **context, collectives=present, collective=chosen_collective
+    )
+    return HTMLResponse(
+        html_report.render(
+            doc, plotly_src="/static/plotly.min.js", header_html=header, collective=chosen_collective
+        )
+    )
 
 
 @router.get("/compare", response_class=HTMLResponse)

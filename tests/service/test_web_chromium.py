@@ -93,6 +93,20 @@ def test_login_runs_list_and_run_report(browser, site) -> None:  # noqa: F811
     assert "SHM" in matrix and "P2P" not in matrix
     assert page.locator("#run-header").inner_text().count("nsys-sqlite") == 2
 
+    # Collectives by type: the chart, one table row per (rank, type) with the report's counts,
+    # and the header's filter keeping one type (here the only one, AllReduce).
+    page.wait_for_selector("#collectives-by-type .main-svg")
+    totals = [(r["rank"], t) for r in doc["ranks"] for t in r["collectives_by_type"]["totals"]]
+    rows = page.locator("#collectives-table tr[data-collective]")
+    assert rows.count() == len(totals) == 2
+    for i, (rank, row) in enumerate(totals):
+        cells = rows.nth(i).locator("td")
+        assert [cells.nth(k).inner_text() for k in range(3)] == [str(rank), row["collective"], str(row["count"])]
+    page.click("#collective-filter a:text-is('AllReduce')")
+    page.wait_for_selector("#collective-filter strong:text-is('AllReduce')")
+    assert "AllReduce only" in page.locator("h2:has-text('Collectives by type')").inner_text()
+    assert page.locator("#collectives-table tr[data-collective='AllReduce']").count() == 2
+
     p2p_run = next(r for r in reports if r != shm_run)
     page.fill("#compare-form input[name=base]", str(p2p_run))
     page.click("#compare-form button[type=submit]")

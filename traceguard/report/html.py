@@ -165,20 +165,53 @@ def peer_matrix_figure(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def _collectives_table(doc: dict[str, Any]) -> list[str]:
+#: Per-step collective rows drawn in the page (the JSON report and the API have all of them).
+MAX_STEP_ROWS = 2000
+
+
+def _type_cells(row: dict[str, Any]) -> str:
+    return (
+        f"<td>{_e(row['collective'])}</td><td>{_e(row['count'])}</td>"
+        f"<td>{_e(value_h('time_ns', row['time_ns']))}</td><td>{_e(value_h('time_ns', row['exposed_ns']))}</td>"
+        f"<td>{_e(value_h('bytes', row['bytes']))}</td></tr>"
+    )
+
+
+def _collectives_table(doc: dict[str, Any], collective: str | None = None) -> list[str]:
+    """Window totals per rank and type, then the per-step rows; ``collective`` keeps one type."""
+    title = "Collectives by type" + (f" — {_e(collective)} only" if collective else "")
     parts = [
-        "<h2>Collectives by type</h2><table id='collectives-table'><tr><th>rank</th><th>collective</th>"
+        f"<h2>{title}</h2><table id='collectives-table'><tr><th>rank</th><th>collective</th>"
         "<th>count</th><th>time</th><th>exposed</th><th>bytes</th></tr>"
     ]
     for rank in doc["ranks"]:
         for row in (rank.get("collectives_by_type") or {}).get("totals") or []:
-            parts.append(
-                f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank['rank'])}</td>"
-                f"<td>{_e(row['collective'])}</td><td>{_e(row['count'])}</td>"
-                f"<td>{_e(value_h('time_ns', row['time_ns']))}</td><td>{_e(value_h('time_ns', row['exposed_ns']))}</td>"
-                f"<td>{_e(value_h('bytes', row['bytes']))}</td></tr>"
-            )
+            if collective is None or row["collective"] == collective:
+                parts.append(
+                    f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank['rank'])}</td>" + _type_cells(row)
+                )
     parts.append("</table>")
+    per_step = [
+        (rank["rank"], row)
+        for rank in doc["ranks"]
+        for row in (rank.get("collectives_by_type") or {}).get("steps") or []
+        if collective is None or row["collective"] == collective
+    ]
+    if per_step:
+        parts.append(
+            f"<details><summary>Collectives per step ({len(per_step)} rows)</summary>"
+            "<table id='collectives-per-step'><tr><th>rank</th><th>step</th><th>collective</th><th>count</th>"
+            "<th>time</th><th>exposed</th><th>bytes</th></tr>"
+        )
+        for rank_id, row in per_step[:MAX_STEP_ROWS]:
+            parts.append(
+                f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank_id)}</td>"
+                f"<td>{_e(row['step_index'])}</td>" + _type_cells(row)
+            )
+        parts.append("</table>")
+        if len(per_step) > MAX_STEP_ROWS:
+            parts.append(f"<p class='muted'>{len(per_step) - MAX_STEP_ROWS} more rows in the JSON report.</p>")
+        parts.append("</details>")
     reason = (doc["run"].get("peer_matrix") or {}).get("null_reason")
     if reason:
         parts.append(f"<p class='muted' id='peer-null-reason'>Peers not named: {_e(reason)}</p>")
@@ -235,9 +268,12 @@ def transport_figure(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def render(doc: dict[str, Any], *, plotly_src: str | None = None, header_html: str = "") -> str:
+def render(
+    doc: dict[str, Any], *, plotly_src: str | None = None, header_html: str = "", collective: str | None = None
+) -> str:
     """The report page. ``plotly_src``: load plotly.js from this URL instead of embedding it;
-    ``header_html``: trusted markup (the service's navigation) put above the report."""
+    ``header_html``: trusted markup (the service's navigation) put above the report;
+    ``collective``: show only that collective type in the collectives tables."""
     verdict = doc["verdict"]
     script = f"<script src='{_e(plotly_src)}'></script>" if plotly_src else f"<script>{get_plotlyjs()}</script>"
     parts = [
@@ -278,7 +314,7 @@ def render(doc: dict[str, Any], *, plotly_src: str | None = None, header_html: s
             parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))
     if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
-    parts += _collectives_table(doc)
+    parts += _collectives_table(doc, collective)
     parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
     metrics = doc["run"]["metrics"]
     for key, value in metrics.items():
