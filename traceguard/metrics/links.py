@@ -63,7 +63,7 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
                 ranks = sorted(f.ranks)
                 pairs |= {frozenset((a, b)) for i, a in enumerate(ranks) for b in ranks[i + 1 :]} or {frozenset(ranks)}
         m["transport_fallback_pairs"] = len(pairs)
-    if side.nccl is not None:  # a partial log's WARN/error findings are the evidence of its skip
+    if side.nccl is not None:  # a partial log's WARN/error findings are link evidence too
         evidence["transport_p2p"] = [
             {"finding": f.id, "severity": f.severity, "message": f.message, "ranks": f.ranks, "lines": f.evidence[:6]}
             for f in found
