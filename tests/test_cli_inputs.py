@@ -162,6 +162,16 @@ def test_pasted_topo_with_caret_escapes_parses() -> None:
     assert topo["nic_names"] == dict(re.findall(r"^\s*(NIC\d+): (\S+)$", text, re.M))
 
 
+def test_one_gpu_topo_with_empty_affinity_cells() -> None:
+    """WSL2 prints no CPU/NUMA affinity: the empty cells must not shift "N/A" into CPU Affinity."""
+    text = (SIDE / "topo_sglang24364_1gpu_wsl2_no_affinity.txt").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("GPU0\t"))
+    assert row.split("\t")[2:] == ["", "", "", "N/A"]
+    topo = parse_topo(text)
+    assert topo["gpus"] == [0]
+    assert topo["cpu_affinity"] == {} and topo["numa_affinity"] == {} and topo["gpu_numa_id"] == {0: "N/A"}
+
+
 @pytest.mark.parametrize("how", ["option", "positional"])
 def test_topo_with_escapes_gives_no_warning(how: str) -> None:
     args = ["--topo", TOPO_1GPU_ESC] if how == "option" else [TOPO_1GPU_ESC]

@@ -530,6 +530,7 @@ def parse_topo(text: str) -> dict[str, Any]:
     """
     columns: list[str] | None = None
     topo = Topology([], {}, set(), {}, {}, {}, [], {}, {})
+    gpu_rows = 0
     for raw in _clean(text):
         line = raw.strip()
         if not line:
@@ -575,16 +576,18 @@ def parse_topo(text: str) -> dict[str, Any]:
                     topo.nvlink_pairs.add(frozenset((gpu, other)))
             else:
                 topo.gpu_nic_links[(gpu, col)] = kind
-        extras = tokens[1 + len(device_cols) :]
+        gpu_rows += 1
         affinity_cols = [c for c in columns if c in _AFFINITY_COLS]
-        for col, value in zip(affinity_cols, extras, strict=False):
+        cells = _affinity_cells(raw, tokens, len(device_cols), affinity_cols)
+        for col, value in zip(affinity_cols, cells, strict=False):
             target = {
                 "CPU Affinity": topo.cpu_affinity,
                 "NUMA Affinity": topo.numa_affinity,
                 "GPU NUMA ID": topo.gpu_numa_id,
             }[col]
-            target[gpu] = value
-    if not topo.cpu_affinity and not topo.links:
+            if value:
+                target[gpu] = value
+    if not gpu_rows:
         raise InputError(
             "no GPU rows found in nvidia-smi topo output",
             hint="expected a 'GPU0 GPU1 ... CPU Affinity' header followed by 'GPU0  X  NV18 ...' rows",
@@ -594,6 +597,22 @@ def parse_topo(text: str) -> dict[str, Any]:
 
 
 _AFFINITY_COLS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def _affinity_cells(raw: str, tokens: list[str], devices: int, columns: list[str]) -> list[str]:
+    """A GPU row's affinity values, in the order of ``columns`` ("" where the cell is empty).
+
+    nvidia-smi separates cells by tabs and pads after the wide "NUMA Affinity" cell with an empty
+    one (``0-31\t0\t\tN/A``); a GPU without CPU affinity prints empty cells
+    (``GPU0\t X \t\t\t\tN/A``), which splitting on whitespace would shift onto the wrong column.
+    Output whose tabs became spaces (pasted, re-indented) keeps the whitespace split.
+    """
+    if "\t" not in raw:
+        return tokens[1 + devices :]
+    cells = [cell.strip() for cell in raw.split("\t")][1 + devices :]
+    if columns and columns[-1] == "GPU NUMA ID" and len(cells) > len(columns):
+        return [*cells[: len(columns) - 1], cells[-1]]
+    return cells[: len(columns)]
 
 
 def _topo_columns(line: str) -> list[str]:
