@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,12 @@ class RunCreate(BaseModel):
     name: str = Field("", max_length=200)
     labels: dict[str, str] = Field(default_factory=dict, description="e.g. git_sha, branch, cluster, model")
     profile: str = Field("production", description="the checklist profile the run's jobs use")
+    step_patterns: list[Annotated[str, Field(max_length=500)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="regular expressions naming the run's step ranges, tried before the profile's and the "
+        "known training-loop markers (DESIGN.md 'Steps')",
+    )
 
 
 class JobError(BaseModel):
@@ -61,6 +67,7 @@ class RunPublic(BaseModel):
     id: int
     name: str
     profile: str
+    step_patterns: list[str] = Field(description="the user's step regexes, tried before the profile's")
     status: str = Field(description="created, queued, running, analysed or failed")
     verdict: str | None = Field(description="pass, warn or fail of the latest successful analysis")
     labels: dict[str, str]

@@ -55,6 +55,7 @@ def run_public(run: Run) -> RunPublic:
         id=run.id,
         name=run.name,
         profile=run.profile,
+        step_patterns=list(run.step_patterns or []),
         status=run.status,
         verdict=run.verdict,
         labels={label.key: label.value for label in run.labels},

@@ -78,8 +78,11 @@ class Client:
         _raise_for(response)
         return response
 
-    def create_run(self, *, name: str, labels: dict[str, str], profile: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/runs", json={"name": name, "labels": labels, "profile": profile}).json()
+    def create_run(
+        self, *, name: str, labels: dict[str, str], profile: str, step_patterns: list[str] | None = None
+    ) -> dict[str, Any]:
+        body = {"name": name, "labels": labels, "profile": profile, "step_patterns": list(step_patterns or [])}
+        return self._call("POST", "/v1/runs", json=body).json()
 
     def upload(
         self,

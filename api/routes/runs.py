@@ -78,7 +78,14 @@ def _visible(session: SessionDep, project_id: int, run_id: int) -> Run:
 @router.post("/runs", status_code=201, responses=ERRORS)
 def post_run(body: RunCreate, who: Uploader, session: SessionDep, response: Response) -> RunPublic:
     """Create a run (a training run whose captures will be uploaded) with its labels."""
-    run = create_run(session, who.project_id, name=body.name, labels=body.labels, profile=check_profile(body.profile))
+    run = create_run(
+        session,
+        who.project_id,
+        name=body.name,
+        labels=body.labels,
+        profile=check_profile(body.profile),
+        step_patterns=body.step_patterns,
+    )
     session.commit()
     response.headers["Location"] = f"/v1/runs/{run.id}"
     return run_public(run)

@@ -248,3 +248,29 @@ def test_links_collectives_and_transport_map(api: Api, cli_reports: dict[str, di
     assert [c["busbw_gbps"] for c in stored] == pytest.approx([c["busbw_gbps"] for c in expected])
     rank1 = api.get(f"/v1/runs/{run_id}/links", params={"rank": 1}).json()["collectives"]
     assert rank1 and {c["rank"] for c in rank1} == {1}
+
+
+def test_run_step_patterns_reach_the_analysis_and_the_store(api: Api) -> None:
+    """`--step-pattern` through the service: kept with the run, used by its jobs, and each rank's
+    step source stored; a pattern that is no regex answers 422 naming it."""
+    from sqlalchemy import select
+
+    from traceguard.store.tables import RankResult
+
+    response = api.post("/v1/runs", json={"name": "fwd", "step_patterns": [r"^forward$"]})
+    assert response.status_code == 201, response.text
+    run_id = response.json()["id"]
+    assert response.json()["step_patterns"] == [r"^forward$"]
+    upload = api.upload(run_id, P2P, P2P_FILES[:2])
+    assert api.wait(upload.json()["job"]["url"])["status"] == "succeeded"
+    report = api.get(f"/v1/runs/{run_id}/report").json()
+    assert {r["step_source"] for r in report["ranks"]} == {"pattern"}
+    assert {s["name"] for r in report["ranks"] for s in r["steps"]} == {"forward"}
+    with api.ctx.factory() as session:
+        stored = session.scalars(select(RankResult.step_source).where(RankResult.run_id == run_id)).all()
+    assert sorted(stored) == ["pattern", "pattern"]
+    assert api.get(f"/v1/runs/{run_id}").json()["step_patterns"] == [r"^forward$"]
+
+    bad = api.post("/v1/runs", json={"name": "bad", "step_patterns": ["(unclosed"]})
+    assert bad.status_code == 422
+    assert "(unclosed" in bad.json()["error"]["message"]

@@ -48,9 +48,10 @@ class _Spec:
     profile: str
     cache_dir: str
     max_rows: int
+    step_patterns: list[str]
 
 
-def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str) -> _Spec:
+def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str, step_patterns: list[str]) -> _Spec:
     """Link each blob as ``<job_dir>/<file id>/<name>``; the spec of what to analyse."""
     inputs: list[tuple[str, int | None]] = []
     side: dict[str, list[str]] = {}
@@ -64,7 +65,7 @@ def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str) -> _Sp
             inputs.append((str(link), f.rank))
         else:
             side.setdefault(f.kind, []).append(str(link))
-    return _Spec(inputs, side, profile, str(ctx.cache_dir), ctx.settings.max_rows)
+    return _Spec(inputs, side, profile, str(ctx.cache_dir), ctx.settings.max_rows, step_patterns)
 
 
 def _resolved_ranks(doc: dict[str, Any], inputs_dir: Path) -> dict[int, int | None]:
@@ -98,18 +99,19 @@ def run_analysis(
     profile: str,
     work_dir: Path,
     *,
+    step_patterns: list[str] | None = None,
     heartbeat: Callable[[], bool] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, Any], dict[int, int | None]]:
-    """Analyse ``files`` under ``profile`` in a child process; the report document (inputs named
-    as uploaded) and the rank resolved for each file id.
+    """Analyse ``files`` under ``profile`` (and the run's ``step_patterns``) in a child process;
+    the report document (inputs named as uploaded) and the rank resolved for each file id.
 
     ``heartbeat`` is called every few seconds while it runs (False: give up, the job is no longer
     ours); ``stop`` says the server is shutting down. Raises AnalysisFailed."""
     if work_dir.exists():
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True)
-    spec = _layout(work_dir / "inputs", ctx, files, profile)
+    spec = _layout(work_dir / "inputs", ctx, files, profile, list(step_patterns or []))
     out = work_dir / "result.json"
     spec_path = work_dir / "spec.json"
     spec_path.write_bytes(orjson.dumps(spec.__dict__))
@@ -172,6 +174,8 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
             return "missing"
         files = run_files(session, job.run_id)
         profile, run_id, attempt = job.profile, job.run_id, job.attempts
+        run = session.get(Run, run_id)
+        step_patterns = list(run.step_patterns or []) if run is not None else []
     # One folder per attempt: an analysis orphaned by a killed server cannot write into the next.
     work_dir = ctx.jobs_dir / f"{job_id}-{attempt}-{os.getpid()}"
 
@@ -182,7 +186,9 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
     try:
         if not files:
             raise AnalysisFailed("no_files", "the run has no files to analyse")
-        doc, resolved = run_analysis(ctx, files, profile, work_dir, heartbeat=heartbeat, stop=stop)
+        doc, resolved = run_analysis(
+            ctx, files, profile, work_dir, step_patterns=step_patterns, heartbeat=heartbeat, stop=stop
+        )
     except AnalysisFailed as exc:
         if exc.code in ("interrupted", "lease_lost"):
             with ctx.factory() as session:  # leave it for the next worker
@@ -223,7 +229,7 @@ def report_for(ctx: Context, run: Run, profile: str) -> dict[str, Any]:
         raise AnalysisFailed("no_files", "the run has no files to analyse")
     work_dir = ctx.jobs_dir / f"report-{run.id}-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        doc, _ = run_analysis(ctx, files, profile, work_dir)
+        doc, _ = run_analysis(ctx, files, profile, work_dir, step_patterns=list(run.step_patterns or []))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     with transaction(ctx.factory) as session:

@@ -1,6 +1,7 @@
 """``python -m traceguard.service.child SPEC OUT``: one analysis, in its own process.
 
-SPEC (JSON): inputs [[path, rank|null]], side {kind: [paths]}, profile, cache_dir, max_rows.
+SPEC (JSON): inputs [[path, rank|null]], side {kind: [paths]}, profile, cache_dir, max_rows,
+step_patterns [regex].
 OUT receives ``{"report": ...}`` or ``{"error": {"code", "message"[, "hint"]}}``; the parent
 (:mod:`traceguard.service.analysis`) enforces the time limit and stores the outcome.
 """
@@ -28,7 +29,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         inputs = [
             InputSpec(Path(path), rank, "argument" if rank is not None else None) for path, rank in spec["inputs"]
         ]
-        return {"report": analyze(inputs, profile=spec["profile"], side_files=side).report}
+        patterns = spec.get("step_patterns") or []
+        return {"report": analyze(inputs, profile=spec["profile"], side_files=side, step_patterns=patterns).report}
     except TraceguardError as exc:
         return exc.to_dict()
     except MemoryError:

@@ -95,6 +95,7 @@ def save_results(
                 rank=rank["rank"],
                 input=rank.get("input"),
                 gpu_models=", ".join(rank.get("gpu_models") or []) or None,
+                step_source=rank.get("step_source"),
                 step_count=metrics.get("step_count"),
                 gpu_ops=metrics.get("gpu_ops"),
                 nccl_time_ns=metrics.get("nccl_time_ns"),

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from traceguard.errors import InputError
+from traceguard.metrics.steps import validate_patterns
 from traceguard.store.tables import Blob, File, Job, Run, RunLabel
 
 RUN_STATUSES = ("created", "queued", "running", "analysed", "failed")
@@ -50,8 +51,22 @@ def with_labels(query: Select[Any], labels: Iterable[tuple[str, str]]) -> Select
     return query
 
 
-def create_run(session: Session, project_id: int, *, name: str, labels: dict[str, str], profile: str) -> Run:
-    run = Run(project_id=project_id, name=name, profile=profile)
+def create_run(
+    session: Session,
+    project_id: int,
+    *,
+    name: str,
+    labels: dict[str, str],
+    profile: str,
+    step_patterns: list[str] | None = None,
+) -> Run:
+    """A new run; ``step_patterns`` (the user's step regexes) are checked and kept with it."""
+    patterns = list(step_patterns or [])
+    try:
+        validate_patterns(patterns)
+    except ValueError as exc:
+        raise InputError(str(exc), hint="give a Python regular expression, e.g. '^train_step_\\d+$'") from None
+    run = Run(project_id=project_id, name=name, profile=profile, step_patterns=patterns)
     run.labels = [RunLabel(key=k, value=v) for k, v in sorted(check_labels(labels).items())]
     session.add(run)
     session.flush()

@@ -111,6 +111,8 @@ class Run(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200), default="")
     profile: Mapped[str] = mapped_column(String(100), default="production")
+    #: The user's step regexes (``--step-pattern``), tried before the profile's; fixed at creation.
+    step_patterns: Mapped[list[str]] = mapped_column(JSONType, default=list)
     status: Mapped[str] = mapped_column(String(20), default="created", index=True)
     verdict: Mapped[str | None] = mapped_column(String(10), nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp(), default=utcnow, index=True)
@@ -205,6 +207,8 @@ class RankResult(Base):
     rank: Mapped[int] = mapped_column(Integer)
     input: Mapped[str | None] = mapped_column(String(255), nullable=True)
     gpu_models: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    #: Where the rank's steps came from: pattern, convention, inferred, window (DESIGN.md "Steps").
+    step_source: Mapped[str | None] = mapped_column(String(20), nullable=True)
     step_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpu_ops: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     nccl_time_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
