@@ -233,10 +233,10 @@ def expected(raw: Raw, *, window_steps: bool = False) -> Expected:
     attributed: dict[int, list[Op]] = defaultdict(list)
     if not steps and window_steps:
         pids = sorted({o.pid for o in raw.ops if o.pid is not None})
-        steps = [
-            Range(pid, None, min(o.start for o in raw.ops if o.pid == pid), max(o.end for o in raw.ops if o.pid == pid), "window")
-            for pid in pids
-        ]
+        steps = []
+        for pid in pids:
+            own = [o for o in raw.ops if o.pid == pid]
+            steps.append(Range(pid, None, min(o.start for o in own), max(o.end for o in own), "window"))
         for i, pid in enumerate(pids):
             attributed[i] = [o for o in raw.ops if o.pid == pid]
     for op in raw.ops if not attributed else []:
