@@ -215,8 +215,10 @@ def test_step_pattern_on_check() -> None:
     [
         ["analyze", CAPTURE],
         ["check", CAPTURE],
+        ["record", CAPTURE, "--data-dir", "{tmp}"],
+        ["upload", CAPTURE, "--server", "http://127.0.0.1:9", "--token", "tg_unused"],
     ],
-    ids=["analyze", "check"],
+    ids=["analyze", "check", "record", "upload"],
 )
 def test_bad_step_pattern_exits_2_naming_it(command: list[object], tmp_path: Path) -> None:
     args = [str(a).replace("{tmp}", str(tmp_path)) for a in command]
@@ -264,6 +266,15 @@ def test_record_takes_side_files_positionally_and_as_options(tmp_path: Path) -> 
     assert NO_TOPO_ROWS not in done.stderr
 
 
+def test_record_keeps_step_patterns_for_the_stored_analysis(tmp_path: Path) -> None:
+    data = tmp_path / "store"
+    done = _cli("record", CAPTURE, "--step-pattern", "^forward$", "--data-dir", data)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    with sqlite3.connect(f"file:{data / 'traceguard.db'}?mode=ro", uri=True) as db:
+        names = [name for (name,) in db.execute("SELECT name FROM steps ORDER BY step_index")]
+    assert names == ["forward"] * _nvtx_ranges(CAPTURE, "^forward$")
+
+
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     from tests.service.live import LiveServer
@@ -282,12 +293,15 @@ def test_upload_sends_side_files_given_positionally_and_as_options(live: tuple[s
     url, token, data = live
     done = _cli(
         "upload", CAPTURE, NCCL_LOGS[0], "--nccl-log", NCCL_LOGS[1], "--topo", TOPO_1GPU_ESC,
-        "--server", url, "--token", token,
+        "--step-pattern", "^forward$", "--server", url, "--token", token,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
     files, statuses = _stored(data / "traceguard.db")
     assert sorted(kind for _, kind in files) == ["nccl_log", "nccl_log", "nsys-sqlite", "topo"]
     assert statuses["transport_p2p"] != "skip"
+    with sqlite3.connect(f"file:{data / 'traceguard.db'}?mode=ro", uri=True) as db:
+        names = [name for (name,) in db.execute("SELECT name FROM steps ORDER BY step_index")]
+    assert names == ["forward"] * _nvtx_ranges(CAPTURE, "^forward$")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from traceguard.cli.common import (
     NcclTestsOpt,
     ProfileOpt,
     SmiQOpt,
+    StepPatternOpt,
     TopoOpt,
     app,
     err,
@@ -25,6 +26,7 @@ from traceguard.cli.common import (
     print_checks,
     settings_for,
     side_paths,
+    step_patterns,
     warn_inputs,
     where,
     write,
@@ -53,6 +55,7 @@ def record_command(
     nccl_tests: NcclTestsOpt = None,
     topo: TopoOpt = None,
     smi_q: SmiQOpt = None,
+    step_pattern: StepPatternOpt = None,
 ) -> None:
     """Analyse captures and keep the run in the store (no server needed): the same intake and job
     the service runs. Exits like `check`."""
@@ -68,6 +71,7 @@ def record_command(
     if profile not in available():
         err.print(f"[bold red]error[/]: unknown profile {profile!r} (profiles: {', '.join(sorted(available()))})")
         raise typer.Exit(2)
+    patterns = step_patterns(step_pattern)
     given = [*(captures or []), *side_paths(nccl_log, dmon, nccl_tests, topo, smi_q)]
     if not given:
         err.print("[bold red]error[/]: nothing to record: give capture files, a run directory, or side files")
@@ -78,7 +82,12 @@ def record_command(
         ctx = Context.open(settings_for(data_dir))
         with transaction(ctx.factory) as session:
             run = create_run(
-                session, get_or_create_project(session, project).id, name=name, labels=labels(label), profile=profile
+                session,
+                get_or_create_project(session, project).id,
+                name=name,
+                labels=labels(label),
+                profile=profile,
+                step_patterns=patterns,
             )
             for path in files:
                 try:
@@ -142,6 +151,7 @@ def upload_command(
     nccl_tests: NcclTestsOpt = None,
     topo: TopoOpt = None,
     smi_q: SmiQOpt = None,
+    step_pattern: StepPatternOpt = None,
 ) -> None:
     """Upload captures to a traceguard service, wait for its analysis, print the verdict, and exit
     like `check` (0 no failure, 1 a check fails, 2 nothing usable / service error)."""
@@ -152,6 +162,10 @@ def upload_command(
     from traceguard.client import Client, ServiceError, pack_bundle
     from traceguard.ingest import parse_spec
 
+    patterns = step_patterns(step_pattern)
+    if patterns and run_id:
+        err.print(f"[bold red]error[/]: --step-pattern is kept with a new run; run {run_id} keeps the patterns it has")
+        raise typer.Exit(2)
     # Side files given as options are more files to send: the service recognises them by content.
     given = [*(paths or []), *(str(p) for p in side_paths(nccl_log, dmon, nccl_tests, topo, smi_q))]
     if not given:
@@ -171,7 +185,11 @@ def upload_command(
             raise typer.Exit(2)
     client = Client(server, token)
     try:
-        run = {"id": run_id} if run_id else client.create_run(name=name, labels=labels(label), profile=profile)
+        run = (
+            {"id": run_id}
+            if run_id
+            else client.create_run(name=name, labels=labels(label), profile=profile, step_patterns=patterns)
+        )
         stored = 0
         with Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err
