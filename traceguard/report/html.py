@@ -15,6 +15,7 @@ from plotly.offline import get_plotlyjs
 
 from traceguard.checks.rules import format_value
 from traceguard.report.nccl import pair_transports, transport_order
+from traceguard.report.steps import step_sources_line
 from traceguard.report.units import value_h
 
 _STATUS_COLOUR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
@@ -285,6 +286,7 @@ def render(
         f"{_e(verdict.upper())}</span></h1>",
         f"<p class='muted'>profile <code>{_e(doc['profile']['name'])}</code> · traceguard "
         f"{_e(doc['traceguard_version'])} · {_e(doc['generated_at'])}</p>",
+        f"<p id='step-sources'>{_e(step_sources_line(doc) or '')}</p>",
         "<h2>Checks</h2><table id='checks'><tr><th>check</th><th>status</th><th>value</th><th>detail</th></tr>",
     ]
     for c in doc["checks"]:

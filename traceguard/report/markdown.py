@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceguard.report.steps import step_sources_line
 from traceguard.report.units import bytes_h, ms, pct, value_h
 
 _ICON = {"pass": "✅ pass", "warn": "⚠️ warn", "fail": "❌ fail", "skip": "⏭️ skip"}
@@ -66,6 +67,8 @@ def collectives_section(doc: dict[str, Any]) -> list[str]:
 def render(doc: dict[str, Any]) -> str:
     lines = [f"# traceguard report — {doc['verdict'].upper()}", ""]
     lines.append(f"Profile `{doc['profile']['name']}` · traceguard {doc['traceguard_version']} · {doc['generated_at']}")
+    if steps := step_sources_line(doc):
+        lines += ["", steps]
     lines.append("")
     lines += ["## Checks", ""]
     rows = []
