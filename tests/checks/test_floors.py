@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests import reference
-from tests.conftest import OWN, public_nsys
+from tests.conftest import OWN, public_kineto, public_nsys
 from traceguard.checks.profiles import Profile, RuleConfig, load_profile
 from traceguard.checks.rules import CAPTURE_HEALTH, RULES, STEP_NOTES, CheckResult, evaluate, validate_profile
 from traceguard.metrics.run import WINDOW_STEPS_NO_STRAGGLER, RunResult
@@ -212,6 +212,29 @@ def test_gpu_to_cpu_copy_rate_floor_is_gpu_ops(cpu_staged: Analysis, unpacked) -
     assert at.status == "fail" and at.value == pytest.approx(copies / ops)
     assert short.reason.startswith(f"{copies} GPU→CPU copies among {ops} GPU ops (< {ops + 1} GPU ops")
     assert short.reason.endswith("too few GPU ops for a rate: a single copy would cross the bounds")
+
+
+def test_one_copy_among_a_few_ops_is_no_rate(unpacked) -> None:
+    """nsys-ai's mock.sqlite: one DtoH copy among 3 GPU ops would be a 33 % copy rate."""
+    path = unpacked(public_nsys("mock"))
+    raw = reference.expected(reference.read_nsys(path), window_steps=True)
+    assert (raw.gpu_ops, raw.dtoh) == (3, 1)
+    check = _check(analyze([str(path)]).checks, "gpu_to_cpu_copy_rate")
+    assert check.status == "skip"
+    assert check.value == pytest.approx(raw.dtoh / raw.gpu_ops)
+    assert check.reason == (
+        f"{raw.dtoh} GPU→CPU copies among {raw.gpu_ops} GPU ops (< 1000 GPU ops, the profile's min_gpu_ops): "
+        "too few GPU ops for a rate: a single copy would cross the bounds"
+    )
+
+
+def test_a_per_step_copy_habit_in_a_short_trace_is_still_judged() -> None:
+    """HTA's sampled trace: 2 ProfilerSteps, 1204 GPU ops, 8 DtoH copies: above the floor, fails."""
+    raw = reference.expected(reference.read_kineto(public_kineto("sampled_rank-0")))
+    assert raw.gpu_ops >= 1000 and raw.steps == 2
+    check = _check(analyze([str(public_kineto("sampled_rank-0"))]).checks, "gpu_to_cpu_copy_rate")
+    assert check.status == "fail"
+    assert check.value == pytest.approx(raw.dtoh / raw.gpu_ops)
 
 
 def test_dtod_floor_is_the_gradient_payload(p2p_bundle: Analysis) -> None:
