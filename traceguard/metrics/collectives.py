@@ -259,8 +259,13 @@ def peer_matrix(
         matched = (
             with_peer.with_columns(pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64))
             .sort("start")
-            .join_asof(
-                launches, left_on="start", right_on="launch_start", by=["pid", "tid"], strategy="forward"
+            .join_asof(  # both sides sorted on the key just above
+                launches,
+                left_on="start",
+                right_on="launch_start",
+                by=["pid", "tid"],
+                strategy="forward",
+                check_sortedness=False,
             )
             .filter(pl.col("collective").is_in(list(P2P_TYPES)))
         )
