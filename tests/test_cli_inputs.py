@@ -107,6 +107,14 @@ def test_nccl_log_option_gives_the_same_report() -> None:
     assert _check(optional, "transport_p2p")["status"] != "skip"
 
 
+def test_a_side_file_given_twice_counts_once() -> None:
+    """The same log as an option, positionally and inside its run directory is read once."""
+    once, _ = _json_report(CAPTURE, *NCCL_LOGS)
+    thrice, _ = _json_report(P2P, *NCCL_LOGS, *[a for log in NCCL_LOGS for a in ("--nccl-log", log)])
+    assert sorted(thrice["side_inputs"]["sources"]["nccl_log"]) == sorted(str(p) for p in NCCL_LOGS)
+    assert thrice["nccl"]["connections"] == once["nccl"]["connections"]
+
+
 def test_check_takes_side_files_positionally() -> None:
     result = _invoke("check", CAPTURE, *NCCL_LOGS, "--json", "-", env={"COLUMNS": "200"})
     assert result.exit_code in (0, 1), result.output

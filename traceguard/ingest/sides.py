@@ -43,8 +43,14 @@ class SideFiles:
     smi_q: list[Path] = field(default_factory=list)
 
     def extend(self, other: SideFiles) -> None:
+        """Add ``other``'s files; one already here (the same file given as an option, positionally, or
+        found in a run directory) is not added twice, so its lines are not counted twice."""
+        seen = {path.resolve() for kind in KINDS for path in getattr(self, kind)}
         for kind in KINDS:
-            getattr(self, kind).extend(getattr(other, kind))
+            for path in getattr(other, kind):
+                if path.resolve() not in seen:
+                    seen.add(path.resolve())
+                    getattr(self, kind).append(path)
 
     def any(self) -> bool:
         return any(getattr(self, kind) for kind in KINDS)
