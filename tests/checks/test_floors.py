@@ -9,22 +9,25 @@ NCCL log and dmon text, the nccl-tests table), never taken from traceguard.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tests import reference
-from tests.conftest import OWN, public_kineto, public_nsys
+from tests.conftest import OWN, REPO, public_kineto, public_nsys
 from traceguard.checks.profiles import Profile, RuleConfig, load_profile
 from traceguard.checks.rules import CAPTURE_HEALTH, RULES, STEP_NOTES, CheckResult, evaluate, validate_profile
 from traceguard.metrics.run import WINDOW_STEPS_NO_STRAGGLER, RunResult
 from traceguard.pipeline import Analysis, analyze
 from traceguard.report.document import CONTRACT_METRICS, EXTRA_METRICS, LINK_METRICS, RUN_ONLY
 
+VALIDATOR = jsonschema.Draft202012Validator(json.loads((REPO / "docs" / "report.schema.json").read_text()))
 MFU = "mfu_2gpu_before"
 MiB = 1 << 20
 #: CUPTI_ACTIVITY_KIND_MEMCPY codes, as the file's own ENUM tables name them (checked below).
@@ -93,6 +96,7 @@ def test_mfu_pageable_scalars_skip_with_the_bytes_and_the_floor(mfu: Path) -> No
     assert check["remedy"] is None
     assert STEP_NOTES["window"] in check["message"]
     assert report["verdict"] != "fail"  # the false alarm is gone: nothing else fails on this capture
+    VALIDATOR.validate(report)  # the floor's evidence row and the new metrics are in the contract
 
 
 def test_mfu_pageable_skips_whatever_steps_the_capture_gives(mfu: Path) -> None:
@@ -238,8 +242,6 @@ def test_a_per_step_copy_habit_in_a_short_trace_is_still_judged() -> None:
 
 
 def test_dtod_floor_is_the_gradient_payload(p2p_bundle: Analysis) -> None:
-    import json
-
     gradient = json.loads((OWN / "h200" / "p2p_nsys" / "rank0.json").read_text())["gradient_bytes"]
     at, short = _at_and_below(p2p_bundle.result, "dtod_copy_volume", "min_gradient_bytes_per_step", gradient)
     assert at.status == "pass"
@@ -345,6 +347,21 @@ def test_p2p_utilization_floor_is_the_largest_message(benchmark: Analysis) -> No
     assert at.status == "fail"  # 0.89 of NCCL's maxBw: production wants 0.95 (h200-nvlink relaxes it)
     assert short.reason.startswith("largest all-reduce message in the benchmark 1 GiB (< 1 GiB, ")
     assert "below the bandwidth plateau" in short.reason
+
+
+def test_a_benchmark_without_large_messages_is_no_bandwidth_verdict_on_nvlink_class_profiles() -> None:
+    """The NET (socket) benchmark stops at 64 MiB: below production's plateau floor (512 MiB,
+    NVLink ramps up slowly) it skips; pcie-only nodes plateau early, and there it is judged."""
+    run_dir = OWN / "collectives" / "h200x2" / "net_graph"
+    text = (run_dir / "nccl-tests.txt").read_text()
+    block = text.split("all_reduce_perf", 1)[1].split("Collective test concluded", 1)[0]
+    largest = max(int(line.split()[0]) for line in block.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\w+", line))
+    assert largest == 64 * MiB
+    production = _check(analyze([str(run_dir)]).checks, "p2p_utilization")
+    assert production.status == "skip"
+    assert production.reason.startswith("largest all-reduce message in the benchmark 64 MiB (< 512 MiB, the profile's")
+    pcie = _check(analyze([str(run_dir)], profile="pcie-only").checks, "p2p_utilization")
+    assert pcie.status != "skip" and pcie.value == production.value
 
 
 def test_allreduce_latency_floor_is_small_message_samples(benchmark: Analysis) -> None:
