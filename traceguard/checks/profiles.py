@@ -127,7 +127,7 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
             try:
                 validate_patterns(given)
             except ValueError as exc:
-                raise ProfileError(f"profile {path}: {exc}") from None
+                raise ProfileError(f"profile {path}: step pattern {exc}") from None
             patterns = list(given)
     name, top, top_path = chain[0]
     return Profile(

@@ -18,6 +18,7 @@ from traceguard.cli.common import (
     ReportFormat,
     SmiQOpt,
     StepPatternOpt,
+    StepSourceOpt,
     TopoOpt,
     app,
     format_for,
@@ -27,6 +28,7 @@ from traceguard.cli.common import (
     run_analysis,
     sides,
     step_patterns,
+    step_sources,
     warn_inputs,
     write,
 )
@@ -55,10 +57,11 @@ def analyze_command(
     topo: TopoOpt = None,
     smi_q: SmiQOpt = None,
     step_pattern: StepPatternOpt = None,
+    step_source: StepSourceOpt = None,
 ) -> None:
     """Analyse captures of one run and print or write the report (exit 0 whenever a report is made)."""
-    patterns = step_patterns(step_pattern)
-    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns)
+    patterns, sources = step_patterns(step_pattern), step_sources(step_source)
+    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns, sources)
     warn_inputs(analysis.report)
     write(render(analysis.report, format_for(out_path, fmt)), out_path)
 
@@ -75,10 +78,11 @@ def check_command(
     topo: TopoOpt = None,
     smi_q: SmiQOpt = None,
     step_pattern: StepPatternOpt = None,
+    step_source: StepSourceOpt = None,
 ) -> None:
     """The gate: exit 0 when no check fails, 1 when one does, 2 when no input is usable."""
-    patterns = step_patterns(step_pattern)
-    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns)
+    patterns, sources = step_patterns(step_pattern), step_sources(step_source)
+    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns, sources)
     report = analysis.report
     warn_inputs(report)
     print_checks(report)

@@ -84,6 +84,19 @@ StepPatternOpt = Annotated[
 ]
 
 
+StepSourceOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--step-source",
+        metavar="SOURCE",
+        help="Where steps may come from, tried in the order given (repeatable): pattern, convention, inferred, "
+        "window. Default: all four in that order. E.g. `--step-source inferred` shows the steps the capture's own "
+        "periodic GPU work gives, markers ignored.",
+        show_default=False,
+    ),
+]
+
+
 def side_paths(
     nccl_log: list[Path] | None,
     dmon: list[Path] | None,
@@ -96,19 +109,27 @@ def side_paths(
 
 
 def step_patterns(patterns: list[str] | None) -> list[str]:
-    """The ``--step-pattern`` values, each compiled by the engine that will match it (Polars' regex:
-    no look-around, no back-references); a bad one exits 2 naming the pattern and the error."""
-    import polars as pl
+    """The ``--step-pattern`` values, each compiled by the engine that will match it
+    (:func:`traceguard.metrics.steps.validate_patterns`); a bad one exits 2 naming it."""
+    from traceguard.metrics.steps import validate_patterns
 
-    for pattern in patterns or []:
-        try:
-            pl.select(pl.lit("").str.contains(pattern))
-        except pl.exceptions.PolarsError as exc:
-            lines = [line.strip() for line in str(exc).splitlines()]
-            reason = next((line.removeprefix("error: ") for line in lines if line.startswith("error: ")), lines[0])
-            err.print(f"[bold red]error[/]: --step-pattern {pattern!r} is not a valid regular expression: {reason}")
-            raise typer.Exit(2) from None
+    try:
+        validate_patterns(patterns or [])
+    except ValueError as exc:
+        err.print(f"[bold red]error[/]: --step-pattern {exc}")
+        raise typer.Exit(2) from None
     return list(patterns or [])
+
+
+def step_sources(sources: list[str] | None) -> list[str] | None:
+    """The ``--step-source`` values, checked against the known sources (exit 2 naming a wrong one)."""
+    from traceguard.metrics.steps import STEP_SOURCES
+
+    for source in sources or []:
+        if source not in STEP_SOURCES:
+            err.print(f"[bold red]error[/]: --step-source {source!r}: choose from {', '.join(STEP_SOURCES)}")
+            raise typer.Exit(2)
+    return list(sources) if sources else None
 
 
 def _version(value: bool) -> None:
@@ -131,6 +152,7 @@ def run_analysis(
     profile: str,
     side: SideFiles | None = None,
     patterns: list[str] | None = None,
+    sources: list[str] | None = None,
 ) -> Analysis:
     try:
         with err.status("reading captures", spinner="dots") as status:
@@ -139,6 +161,7 @@ def run_analysis(
                 profile=profile,
                 side_files=side,
                 step_patterns=patterns,
+                step_sources=sources,
                 progress=lambda msg: status.update(msg),
             )
     except TraceguardError as exc:

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -162,12 +161,15 @@ def resolve_steps(
 
 
 def validate_patterns(patterns: Sequence[str]) -> None:
-    """Raise ValueError naming the first pattern that is not a valid regular expression."""
+    """Raise ValueError naming the first pattern that is not a valid regular expression for the
+    engine that matches it (Polars' Rust regex: no look-around, no back-references)."""
     for pattern in patterns:
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"step pattern {pattern!r} is not a valid regular expression: {exc}") from None
+            pl.select(pl.lit("").str.contains(pattern))
+        except pl.exceptions.PolarsError as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = next((line.removeprefix("error: ") for line in lines if line.startswith("error: ")), lines[0])
+            raise ValueError(f"{pattern!r} is not a valid regular expression: {reason}") from None
 
 
 def find_phases(ranges: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

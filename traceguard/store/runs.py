@@ -65,7 +65,7 @@ def create_run(
     try:
         validate_patterns(patterns)
     except ValueError as exc:
-        raise InputError(str(exc), hint="give a Python regular expression, e.g. '^train_step_\\d+$'") from None
+        raise InputError(f"step pattern {exc}", hint="give a Python regular expression, e.g. '^train_step_\\d+$'") from None
     run = Run(project_id=project_id, name=name, profile=profile, step_patterns=patterns)
     run.labels = [RunLabel(key=k, value=v) for k, v in sorted(check_labels(labels).items())]
     session.add(run)
