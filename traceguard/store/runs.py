@@ -65,7 +65,8 @@ def create_run(
     try:
         validate_patterns(patterns)
     except ValueError as exc:
-        raise InputError(f"step pattern {exc}", hint="give a Python regular expression, e.g. '^train_step_\\d+$'") from None
+        hint = "no look-around or back-references (Rust regex syntax), e.g. '^train_step_\\d+$'"
+        raise InputError(f"step pattern {exc}", hint=hint) from None
     run = Run(project_id=project_id, name=name, profile=profile, step_patterns=patterns)
     run.labels = [RunLabel(key=k, value=v) for k, v in sorted(check_labels(labels).items())]
     session.add(run)
