@@ -361,22 +361,22 @@ class NcclLog:
         if stated and max(stated) == 1:
             return (
                 "every communicator in the log has one rank: NCCL connects no peer, so there is no transport "
-                "to report (run with two or more ranks to see one)"
+                "to report (run with two or more ranks to see one)."
             )
         reason = (
             "the log has no connection lines (`Channel xx : a[b] -> c[d] via ...`): NCCL prints them at INFO "
             "level (subsystems INIT with P2P/SHM/NET) when a communicator connects its channels — during "
             "communicator init, or at the first collective with lazy connection (NCCL_RUNTIME_CONNECT, 2.22+) — "
-            "so this log was cut before them, filtered by NCCL_DEBUG_SUBSYS or NCCL_DEBUG=WARN, or the job "
-            "stopped before connecting"
+            "so this log was cut before them (an excerpt, or one rank's start only), filtered by "
+            "NCCL_DEBUG_SUBSYS (e.g. ENV or GRAPH alone), or the job stopped before connecting"
         )
         if self.warnings:
             reason += "; it holds WARN/error lines, so init may have failed before the connections were made"
         if self.nvls_lines:
             reason += "; NVLS was set up, but NVLS alone does not say how each pair of ranks talks"
         return (
-            reason + ". Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS unset, or including INIT) and keep every "
-            "rank's whole log (NCCL_DEBUG_FILE=nccl.%h.%p.log) up to the first collective."
+            reason + ". Run with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS unset (or including INIT), and give "
+            "every rank's whole log (NCCL_DEBUG_FILE=nccl.%h.%p.log) through its first collective."
         )
 
     @property
