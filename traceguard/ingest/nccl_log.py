@@ -488,7 +488,9 @@ def _classify(via: str) -> tuple[str, str] | None:
 
 
 #: Where an NCCL record starts inside a line: "host:pid:tid [dev] [file:line ]NCCL INFO|WARN".
-_RECORD_START = re.compile(r"[^\s:\[\]]*:\d+:\d+\s+\[-?\d+\]\s+(?:[\w./+-]+:\d+\s+)?NCCL (?:INFO|WARN)\b")
+_RECORD_START = re.compile(
+    r"[^\s:\[\]]*:\d+:\d+\s+\[-?\d+\]\s+(?:[\w./+-]+:\d+\s+(?:\([^)]*\)\s+)?)?NCCL (?:INFO|WARN)\b"
+)
 #: Longest line searched for several records (pastes that lost their newlines run to a few KiB).
 _MAX_GLUED = 65536
 
