@@ -227,7 +227,7 @@ def test_one_copy_among_a_few_ops_is_no_rate(unpacked) -> None:
     assert check.status == "skip"
     assert check.value == pytest.approx(raw.dtoh / raw.gpu_ops)
     assert check.reason == (
-        f"{raw.dtoh} GPU→CPU copies among {raw.gpu_ops} GPU ops (< 1000 GPU ops, the profile's min_gpu_ops): "
+        f"{raw.dtoh} GPU→CPU copy among {raw.gpu_ops} GPU ops (< 1000 GPU ops, the profile's min_gpu_ops): "
         "too few GPU ops for a rate: a single copy would cross the bounds"
     )
 
@@ -329,7 +329,7 @@ def test_pcie_floor_is_dmon_samples_per_gpu(p2p_bundle: Analysis) -> None:
     fewest = min(samples.values())
     at, short = _at_and_below(p2p_bundle.result, "pcie_saturation", "min_samples", fewest)
     assert at.status == "pass"
-    found = f"{fewest} dmon PCIe samples per GPU (the fewest of any GPU)"
+    found = f"{fewest} dmon PCIe samples on the GPU with the fewest"
     assert short.reason.startswith(f"{found} (< {fewest + 1} samples, the profile's min_samples)")
     assert short.reason.endswith("too few samples: their peak is one burst, not the link's load")
 

@@ -58,8 +58,8 @@ class Floor:
 
     ``key``: the profile's ``min_*`` key that sets it; ``metric``: the run metric holding the
     evidence (below the floor → ``skip``); ``unit``: how the floor reads ("bytes",
-    "bytes_per_step", "ns", else the noun of a count); ``found``: the evidence in words, from
-    the run; ``meaning``: why that little cannot be judged.
+    "bytes_per_step", "ns", else the singular noun of a count); ``found``: the evidence in words,
+    from the run; ``meaning``: why that little cannot be judged.
     """
 
     key: str
@@ -126,11 +126,16 @@ def _format_floor(value: float, unit: str) -> str:
         return f"{format_bytes(value)} per step"
     if unit == "ns":
         return format_ns(value)
-    return f"{value:g} {unit}"
+    return _plural(value, unit)
+
+
+def _plural_noun(noun: str) -> str:
+    return f"{noun[:-1]}ies" if noun.endswith("y") else f"{noun}s"
 
 
 def _plural(count: float, noun: str) -> str:
-    return f"{count:g} {noun}" + ("" if count == 1 else "s")
+    """``1 step``, ``3 steps``, ``2 copies``."""
+    return f"{count:g} {noun if count == 1 else _plural_noun(noun)}"
 
 
 #: What a verdict drawn from these step sources must say (DESIGN.md, "Steps").
@@ -245,13 +250,13 @@ def _m(result: RunResult, key: str) -> Any:
     return result.metrics.get(key)
 
 
-def _count(result: RunResult, key: str) -> str:
+def _count(result: RunResult, key: str, noun: str) -> str:
     value = _m(result, key)
-    return "an unknown number of" if value is None else f"{value:g}"
+    return f"an unknown number of {_plural_noun(noun)}" if value is None else _plural(value, noun)
 
 
 def _gpu_ops_found(result: RunResult) -> str:
-    return f"{_count(result, 'gpu_to_cpu_copies')} GPU→CPU copies among {_count(result, 'gpu_ops')} GPU ops"
+    return f"{_count(result, 'gpu_to_cpu_copies', 'GPU→CPU copy')} among {_count(result, 'gpu_ops', 'GPU op')}"
 
 
 def _gradient_found(result: RunResult) -> str:
@@ -268,7 +273,7 @@ def _nccl_span_found(result: RunResult) -> str:
 def _host_copies_found(result: RunResult) -> str:
     moved = _m(result, "host_device_bytes")
     steps, per_step = _m(result, "step_count"), _m(result, "host_device_bytes_per_step")
-    text = f"{_count(result, 'host_device_copies')} host↔device copies"
+    text = _count(result, "host_device_copies", "host↔device copy")
     if moved is not None:
         text += f", {format_bytes(moved)}"
     if steps:
@@ -291,7 +296,7 @@ def _connections_found(result: RunResult) -> str:
 
 
 def _dmon_found(result: RunResult) -> str:
-    return f"{_plural(_m(result, 'pcie_samples') or 0, 'dmon PCIe sample')} per GPU (the fewest of any GPU)"
+    return f"{_plural(_m(result, 'pcie_samples') or 0, 'dmon PCIe sample')} on the GPU with the fewest"
 
 
 def _largest_message_found(result: RunResult) -> str:
@@ -320,7 +325,7 @@ RULES: dict[str, Rule] = {
                 Floor(
                     "min_gpu_ops",
                     "gpu_ops",
-                    "GPU ops",
+                    "GPU op",
                     _gpu_ops_found,
                     "too few GPU ops for a rate: a single copy would cross the bounds",
                 ),
@@ -397,7 +402,7 @@ RULES: dict[str, Rule] = {
             "Schedule the job on one GPU model (node selector / partition): every collective runs at "
             "the pace of the slowest GPU.",
             _gpu_evidence,
-            floors=(Floor("min_ranks", "gpu_model_ranks", "ranks", _gpu_model_ranks_found, "nothing to compare"),),
+            floors=(Floor("min_ranks", "gpu_model_ranks", "rank", _gpu_model_ranks_found, "nothing to compare"),),
         ),
         Rule(
             "straggler",
@@ -412,7 +417,7 @@ RULES: dict[str, Rule] = {
                 Floor(
                     "min_steps",
                     "straggler_steps_compared",
-                    "steps",
+                    "step",
                     _straggler_found,
                     "too few steps to tell a slow rank from one slow step (warm-up, a checkpoint, a GC pause)",
                 ),
@@ -433,7 +438,7 @@ RULES: dict[str, Rule] = {
                 Floor(
                     "min_connections",
                     "nccl_connections",
-                    "connection lines",
+                    "connection line",
                     _connections_found,
                     "the log shows no connection, so not how the ranks talk",
                 ),
@@ -452,7 +457,7 @@ RULES: dict[str, Rule] = {
                 Floor(
                     "min_samples",
                     "pcie_samples",
-                    "samples",
+                    "sample",
                     _dmon_found,
                     "too few samples: their peak is one burst, not the link's load",
                 ),
@@ -490,7 +495,7 @@ RULES: dict[str, Rule] = {
                 Floor(
                     "min_sizes",
                     "allreduce_small_sizes",
-                    "sizes",
+                    "size",
                     _small_sizes_found,
                     "too few sizes for a median: one noisy size would decide",
                 ),
