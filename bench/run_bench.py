@@ -5,8 +5,10 @@
 
 Measured (each command ``--repeat`` times, interleaved, in a fresh child process):
 
-* nsys: ``nsys stats`` kernel + memory-size summaries (the reference) and
-  ``traceguard analyze BIG.sqlite --format json``.
+* nsys: ``nsys stats`` kernel + memory-size summaries (the reference),
+  ``traceguard analyze BIG.sqlite --format json``, the same with ``--step-source inferred``
+  (the markers ignored: what step inference costs end to end), and the stage costs inside one
+  analysis (``STAGE_CODE``: step inference and the per-collective breakdown against the whole).
 * Kineto: Holistic Trace Analysis (load + temporal breakdown + comm/comp overlap + kernel
   breakdown; the reference), plain ``json.load`` of the file, ``traceguard analyze BIG.json``.
 
@@ -44,6 +46,7 @@ HTA_PY = WORK / "hta-venv" / "bin" / "python"
 NSYS_TIME_RATIO = 0.4  # traceguard wall ≤ 0.4 × nsys stats wall
 NSYS_RSS_MB = 2048  # traceguard peak RSS < 2 GB
 KINETO_TIME_RATIO = 0.2  # traceguard wall ≤ 0.2 × HTA wall
+STAGE_SHARE = 0.10  # step inference, and the per-collective breakdown, each ≤ 10 % of the analysis
 
 TG_MISSING = "traceguard CLI not available (no .venv/bin/traceguard, traceguard.cli not importable)"
 
@@ -67,6 +70,42 @@ import json, sys
 with open(sys.argv[1], "rb") as f:
     d = json.load(f)
 print(len(d["traceEvents"]), "events")
+"""
+
+#: One analysis in-process with two stages timed: step inference (forced with ``--step-source``-like
+#: sources) and the per-collective breakdown. Prints JSON seconds per stage and for the whole.
+STAGE_CODE = """
+import json, sys, time
+from pathlib import Path
+from traceguard.ingest import InputSpec, load_run
+from traceguard.metrics import collectives, steps
+from traceguard.metrics.run import analyse_run
+
+spent = {"inferred_steps": 0.0, "collectives_breakdown": 0.0}
+
+def timed(module, name, key):
+    original = getattr(module, name)
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - t
+    setattr(module, name, wrapper)
+
+timed(steps, "inferred_steps", "inferred_steps")
+timed(collectives, "breakdown", "collectives_breakdown")
+sources = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
+t0 = time.perf_counter()
+run = load_run([InputSpec(Path(sys.argv[1]))])
+t1 = time.perf_counter()
+result = analyse_run([(r.rank, r.capture) for r in run.ranks], step_sources=sources)
+t2 = time.perf_counter()
+print(json.dumps({
+    "read_s": t1 - t0, "analyse_s": t2 - t1, "total_s": t2 - t0, **{k + "_s": v for k, v in spent.items()},
+    "step_sources": sorted({str(r.step_source) for r in result.ranks}),
+    "steps": sum(len(r.steps) for r in result.ranks),
+}))
 """
 
 #: Which reader traceguard's nsys integer columns go through.
@@ -295,7 +334,8 @@ def hta_dir_for(trace: Path) -> Path:
 
 def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
     names = nsys_report_names()
-    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": []}
+    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": [], INFERRED: []}
+    stages: list[dict] = []
     notes: list[str] = []
     if names is None:
         notes.append("nsys stats: no kernel/mem-size summary report names known to this nsys")
@@ -324,8 +364,29 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
             r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
             tools["traceguard analyze"].append(r)
             print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+            warm_cache(db)
+            stem = logs / f"traceguard_nsys_inferred.{i}"
+            report = logs / f"traceguard_nsys_inferred.{i}.report.json"
+            report.unlink(missing_ok=True)
+            cmd = [*tg, "analyze", str(db), "--step-source", "inferred", "--format", "json", "--out", str(report)]
+            r = measure(cmd, stem)
+            r["cmd"] = shlex.join(cmd)
+            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+            tools[INFERRED].append(r)
+            print(f"  traceguard inferred #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+            for sources in ("", "inferred"):
+                warm_cache(db)
+                stem = logs / f"stages_{sources or 'default'}.{i}"
+                r = measure([str(VENV_PY), "-c", STAGE_CODE, str(db), sources], stem)
+                try:
+                    stage = json.loads(Path(f"{stem}.out").read_text())
+                except (OSError, ValueError):
+                    stage = {"error": f"exit status {r['rc']}; see {rel(Path(f'{stem}.err'))}"}
+                stages.append({"sources": sources or "default", **stage})
+                print(f"  stages ({sources or 'default'}) #{i}: {stage}")
     if not tg:
         tools["traceguard analyze"].append({"error": TG_MISSING})
+        tools.pop(INFERRED)
     after = fingerprint(db)
     return {
         "input": rel(db),
@@ -334,8 +395,36 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
         "input_unmodified": before == after,
         "scaled_from": scale_facts(db),
         "tools": {k: summarize(v) for k, v in tools.items()},
+        "stages": summarize_stages(stages),
         "notes": notes,
     }
+
+
+#: The second traceguard command of the nsys block: the same analysis with the markers ignored.
+INFERRED = "traceguard analyze --step-source inferred"
+
+
+def summarize_stages(stages: list[dict]) -> dict:
+    """Median seconds per stage, per step-source setting, and each stage's share of the analysis
+    (read + analyse) it ran in; the verdict against ``STAGE_SHARE``."""
+    out: dict = {"runs": stages}
+    for sources in ("default", "inferred"):
+        ok = [s for s in stages if s["sources"] == sources and "error" not in s]
+        if not ok:
+            continue
+        median = {k: round(statistics.median(s[k] for s in ok), 3) for k in ok[0] if k.endswith("_s")}
+        median["step_sources"] = ok[0]["step_sources"]
+        median["steps"] = ok[0]["steps"]
+        out[sources] = median
+    if "inferred" in out:
+        share = out["inferred"]["inferred_steps_s"] / out["inferred"]["total_s"]
+        out["inference_share"] = round(share, 4)
+        out["inference_pass"] = share <= STAGE_SHARE
+    if "default" in out:
+        share = out["default"]["collectives_breakdown_s"] / out["default"]["total_s"]
+        out["breakdown_share"] = round(share, 4)
+        out["breakdown_pass"] = share <= STAGE_SHARE
+    return out
 
 
 def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
@@ -400,6 +489,11 @@ def verdicts(res: dict) -> list[dict]:
             row = {"kind": kind, "tool": tool, **{k: v for k, v in s.items() if k != "runs"}}
             if s.get("ok") and ref.get("ok") and tool != ref_name:
                 row["ratio"] = round(s["wall_median_s"] / ref["wall_median_s"], 3)
+            if tool == INFERRED and block["tools"]["traceguard analyze"].get("ok") and s.get("ok"):
+                base = block["tools"]["traceguard analyze"]["wall_median_s"]
+                extra = s["wall_median_s"] / base - 1
+                row["target"] = f"≤ +{STAGE_SHARE:.0%} over traceguard analyze (measured {extra:+.1%})"
+                row["pass"] = extra <= STAGE_SHARE
             if tool == "traceguard analyze":
                 target = f"wall ≤ {ratio_target}× {ref_name}"
                 ok = s.get("ok") and "ratio" in row and row["ratio"] <= ratio_target
@@ -456,6 +550,27 @@ def write_markdown(res: dict, path: Path) -> None:
             f"| {row['tool']}{ref}{err} | {fmt_rows(block)} | {wall} | {rss} | {ratio} | "
             f"{row.get('target', '')} | {passed} |"
         )
+    stages = res.get("nsys", {}).get("stages", {})
+    if "default" in stages or "inferred" in stages:
+        lines += [
+            "",
+            "Stage costs inside one analysis of the nsys file (in-process, median seconds; share = stage ÷ "
+            f"read + analyse; target ≤ {STAGE_SHARE:.0%} each):",
+            "",
+            "| steps from | read s | analyse s | step inference s | per-collective breakdown s | steps |",
+            "|---|---|---|---|---|---|",
+        ]
+        for sources in ("default", "inferred"):
+            if sources in stages:
+                s = stages[sources]
+                lines.append(
+                    f"| {', '.join(s['step_sources'])} | {s['read_s']:.2f} | {s['analyse_s']:.2f} | "
+                    f"{s['inferred_steps_s']:.3f} | {s['collectives_breakdown_s']:.3f} | {s['steps']:,} |"
+                )
+        for key, label in (("inference", "step inference"), ("breakdown", "per-collective breakdown")):
+            if f"{key}_share" in stages:
+                verdict = "**PASS**" if stages[f"{key}_pass"] else "**FAIL**"
+                lines.append(f"- {label}: {stages[f'{key}_share']:.1%} of the analysis — {verdict}")
     lines += ["", "Rows per table:", ""]
     for kind in ("nsys", "kineto"):
         if kind in res:

@@ -36,13 +36,14 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Reports of a run with steps that fails (SHM under h200-nvlink), one that passes (P2P), and
-    a capture without NVTX (cloverleaf: no steps)."""
+    a capture without NVTX (cloverleaf) read with marker sources only, so it has no steps (its
+    inferred steps are tested in tests/metrics/test_step_sources.py)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tg-cache"))
         return {
             "shm": analyze([str(H200 / "shm_nsys")], profile="h200-nvlink").report,
             "p2p": analyze([str(H200 / "p2p_nsys")], profile="h200-nvlink").report,
-            "nosteps": analyze([str(public_nsys("cloverleaf"))]).report,
+            "nosteps": analyze([str(public_nsys("cloverleaf"))], step_sources=["pattern", "convention"]).report,
         }
 
 
