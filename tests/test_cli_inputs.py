@@ -359,3 +359,12 @@ def test_pass_through_help_covers_every_argparse_option() -> None:
     sweep_options = _parser_options(harness.sweep_parser(with_job_options=True))
     assert {"--matrix", "--only", "--world-size"} <= set(sweep_options)
     assert {"--ops", "--min-bytes", "--cuda-graph"} <= set(_parser_options(build_parser()))
+
+
+def test_upload_to_an_existing_run_refuses_new_step_patterns() -> None:
+    result = _invoke(
+        "upload", CAPTURE, "--run", "7", "--step-pattern", "^forward$",
+        "--server", "http://127.0.0.1:9", "--token", "tg_unused", env={"COLUMNS": "300"},
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "run 7 keeps the patterns it has" in " ".join(result.stderr.split())
