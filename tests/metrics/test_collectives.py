@@ -15,10 +15,12 @@ import struct
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from tests.conftest import OWN, public_kineto, public_nsys
+from traceguard import model
 from traceguard.ingest import load_run
 from traceguard.metrics import collectives
 from traceguard.metrics.run import RunResult, analyse_run
@@ -292,18 +294,35 @@ def test_gradient_reduction_picks_the_collective_carrying_more_bytes() -> None:
     )
 
 
-def test_compute_cover_measures_overlap_exactly() -> None:
-    """Covered time of intervals against overlapping, unsorted compute kernels on two devices,
-    checked against a nanosecond-by-nanosecond count."""
-    compute = pl.DataFrame(
-        {"device": [0, 0, 0, 1, 0], "start": [50, 10, 15, 0, 80], "end": [60, 20, 30, 100, 85]}
-    )
-    cover = collectives.compute_cover(compute)
-    device = [0, 0, 1, 0]
-    start = [0, 18, 40, 55]
-    end = [100, 52, 60, 90]
-    got = cover.covered(*(pl.Series(v).to_numpy() for v in (device, start, end))).tolist()
-    busy = {d: set() for d in (0, 1)}
-    for d, s, e in compute.iter_rows():
-        busy[d] |= set(range(s, e))
-    assert got == [len(busy[d] & set(range(s, e))) for d, s, e in zip(device, start, end, strict=True)]
+def _brute_covered(ops: pl.DataFrame, keep: list[bool], queries: list[tuple[int, int, int]]) -> list[int]:
+    busy: dict[int, set[int]] = {}
+    for row, kept in zip(ops.iter_rows(named=True), keep, strict=True):
+        if kept and row["kind"] == "kernel" and not row["is_nccl"]:
+            busy.setdefault(row["device"], set()).update(range(row["start"], row["end"]))
+    return [len(busy.get(d, set()) & set(range(a, b))) for d, a, b in queries]
+
+
+@pytest.mark.parametrize("layout", ["one device in start order", "two devices out of order"])
+def test_compute_cover_measures_overlap_exactly(layout: str) -> None:
+    """Covered time of query intervals against overlapping compute kernels, with NCCL kernels,
+    a copy and a kernel outside the window among them, checked nanosecond by nanosecond."""
+    rows = [  # kind, is_nccl, device, start, end, in window
+        ("kernel", False, 0, 0, 12, True),
+        ("kernel", False, 0, 5, 40, True),
+        ("kernel", True, 0, 20, 70, True),  # NCCL: not compute
+        ("kernel", False, 0, 30, 35, True),
+        ("memcpy", False, 0, 45, 60, True),  # a copy: not compute
+        ("kernel", False, 0, 50, 58, False),  # outside the window
+        ("kernel", False, 0, 62, 90, True),
+        ("kernel", False, 0, 95, 99, True),
+    ]
+    if layout != "one device in start order":
+        rows = [*rows[::-1], ("kernel", False, 1, 10, 30, True), ("kernel", False, 1, 0, 15, True)]
+    ops = pl.DataFrame(
+        rows, schema=["kind", "is_nccl", "device", "start", "end", "window"], orient="row"
+    ).with_columns(pl.col("kind").cast(model.OpKind), pl.col("device").cast(pl.Int32))
+    mask = ops["window"]
+    cover = collectives.compute_cover(ops, mask)
+    queries = [(0, 0, 100), (0, 20, 70), (0, 36, 44), (0, 40, 63), (0, 99, 120), (1, 5, 25), (1, 0, 100)]
+    device, start, end = (np.array(col) for col in zip(*queries, strict=True))
+    assert cover.covered(device, start, end).tolist() == _brute_covered(ops, mask.to_list(), queries)

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from traceguard.metrics.intervals import union_segments
+from traceguard.metrics.intervals import union_segments, union_sorted_np
+from traceguard.model import OP_KINDS
 
 #: Collective types in report order (DESIGN.md); others follow by name.
 COLLECTIVE_ORDER: tuple[str, ...] = (
@@ -66,60 +67,95 @@ PEER_FROM_TWO_RANKS = "two_rank_group"
 
 @dataclass
 class ComputeCover:
-    """The union of compute-kernel time per device, as disjoint sorted segments, to measure how
-    much of any interval compute covers (:meth:`covered`) without touching the kernels again."""
+    """The window's compute (non-NCCL) kernels per device, kept so that the part of any interval
+    they cover is measured by looking only at the kernels near it (:meth:`covered`).
 
-    #: device → (segment starts, segment ends, total length of the segments before each one).
-    segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    Per device: kernel starts in order, their ends (a row that is no compute kernel keeps its
+    place with end = start, so it covers nothing), and the running max of those ends."""
+
+    devices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
     def covered(self, device: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Nanoseconds of each ``[start, end)`` that compute covers on its device."""
         out = np.zeros(len(start), dtype=np.int64)
-        for dev, (seg_start, seg_end, before) in self.segments.items():
+        for dev, (kernel_start, kernel_end, reach) in self.devices.items():
             rows = np.flatnonzero(device == dev)
-            if rows.size == 0 or seg_start.size == 0:
-                continue
-            out[rows] = _cumulative(seg_start, seg_end, before, end[rows]) - _cumulative(
-                seg_start, seg_end, before, start[rows]
-            )
+            if rows.size and kernel_start.size:
+                out[rows] = _covered_sorted(kernel_start, kernel_end, reach, start[rows], end[rows])
         return out
 
 
-def _cumulative(seg_start: np.ndarray, seg_end: np.ndarray, before: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Covered time in (-inf, t] for each t: whole segments before it plus the part of its own."""
-    at = np.searchsorted(seg_start, t, side="right") - 1
-    inside = at >= 0
-    safe = np.maximum(at, 0)
-    partial = np.clip(t - seg_start[safe], 0, seg_end[safe] - seg_start[safe])
-    return np.where(inside, before[safe] + partial, 0)
+def _covered_sorted(
+    kernel_start: np.ndarray, kernel_end: np.ndarray, reach: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """|compute ∩ [a, b)| per query. Kernels that start before ``a`` cover [a, min(reach, b)) of it
+    (each of those that reaches past ``a`` contains ``a``, so their union there is one piece); the
+    kernels that start inside are few and are merged with that piece, one group per query."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.maximum(np.asarray(b, dtype=np.int64), a)
+    first = np.searchsorted(kernel_start, a, side="left")
+    past = np.maximum(np.searchsorted(kernel_start, b, side="left"), first)
+    before = np.where(first > 0, reach[np.maximum(first - 1, 0)], a)
+    counts = past - first
+    sizes = counts + 1  # the piece from earlier kernels, then the kernels starting inside
+    heads = np.cumsum(sizes) - sizes
+    total = int(sizes.sum())
+    starts = np.empty(total, dtype=np.int64)
+    ends = np.empty(total, dtype=np.int64)
+    starts[heads] = a
+    ends[heads] = np.clip(before, a, b)
+    body = np.ones(total, dtype=bool)
+    body[heads] = False
+    if total > len(a):
+        rows = np.flatnonzero(body) - np.repeat(heads + 1, counts) + np.repeat(first, counts)
+        inner_start = kernel_start[rows]
+        starts[body] = inner_start
+        ends[body] = np.maximum(np.minimum(kernel_end[rows], np.repeat(b, counts)), inner_start)
+    group = np.repeat(np.arange(len(a), dtype=np.int64), sizes)
+    return union_sorted_np(group, starts, ends)[1]
 
 
-def compute_cover(kernels: pl.DataFrame) -> ComputeCover:
-    """:class:`ComputeCover` of ``kernels`` (columns device, start, end: the window's compute
-    kernels). One sort per device unless already in start order (a capture's kernel table is),
-    then one running max: a kernel opens a segment when it starts after every earlier one ended."""
-    segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    kernels = kernels.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
-    devices = kernels["device"].fill_null(-1)
-    for dev in devices.unique().to_list():
-        part = kernels.filter(devices == dev) if devices.n_unique() > 1 else kernels
-        start = part["start"].to_numpy()
-        end = part["end"].to_numpy()
-        if start.size > 1 and not bool(np.all(start[1:] >= start[:-1])):
-            order = np.argsort(start, kind="stable")
-            start, end = start[order], end[order]
-        end = np.maximum(end, start)
-        reach = np.maximum.accumulate(end)
-        opens = np.ones(start.size, dtype=bool)
-        opens[1:] = start[1:] > reach[:-1]
-        first = np.flatnonzero(opens)
-        seg_start = start[first]
-        last = np.append(first[1:], start.size) - 1
-        seg_end = reach[last]
-        lengths = seg_end - seg_start
-        before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        segments[int(dev)] = (seg_start, seg_end, before)
-    return ComputeCover(segments)
+#: ``kind``'s code of kernels in :data:`traceguard.model.OpKind`.
+_KERNEL_CODE = OP_KINDS.index("kernel")
+
+
+def compute_cover(ops: pl.DataFrame, mask: pl.Series | None) -> ComputeCover:
+    """:class:`ComputeCover` of the compute kernels of ``ops`` (``kind``, ``is_nccl``, ``device``,
+    ``start``, ``end``) that ``mask`` keeps. The columns are read in place, never filtered: the
+    rows from the first to the last kernel, in start order per device as a capture's kernel
+    table is, need one pass for the ends and one running max; any other layout is sorted."""
+    is_kernel = ops["kind"].to_physical().to_numpy() == _KERNEL_CODE
+    if not is_kernel.any():
+        return ComputeCover({})
+    # Only the rows from the first to the last kernel: a reader's kernels come as one block (one
+    # chunk), so these columns are read without a copy.
+    lo = int(np.argmax(is_kernel))
+    hi = ops.height - int(np.argmax(is_kernel[::-1]))
+    part = ops.slice(lo, hi - lo)
+    keep = is_kernel[lo:hi] & ~part["is_nccl"].fill_null(False).to_numpy()
+    if mask is not None:
+        keep &= mask.slice(lo, hi - lo).fill_null(False).to_numpy()
+    timed = [part[c] for c in ("start", "end")]
+    if any(col.null_count() for col in timed):
+        keep &= (part["start"].is_not_null() & part["end"].is_not_null()).to_numpy()
+        timed = [col.fill_null(0) for col in timed]
+    start, end = (col.to_numpy().astype(np.int64, copy=False) for col in timed)
+    device = part["device"].fill_null(-1).to_numpy()
+    if not keep.any():
+        return ComputeCover({})
+    if int(device.min()) == int(device.max()) and bool(np.all(start[1:] >= start[:-1])):
+        kernel_end = np.where(keep, end, start)
+        return ComputeCover({int(device[0]): (start, kernel_end, np.maximum.accumulate(kernel_end))})
+    devices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for dev in np.unique(device[keep]).tolist():
+        rows = np.flatnonzero(keep & (device == dev))
+        kernel_start, kernel_end = start[rows], end[rows]
+        if not bool(np.all(kernel_start[1:] >= kernel_start[:-1])):
+            order = np.argsort(kernel_start, kind="stable")
+            kernel_start, kernel_end = kernel_start[order], kernel_end[order]
+        kernel_end = np.maximum(kernel_end, kernel_start)
+        devices[int(dev)] = (kernel_start, kernel_end, np.maximum.accumulate(kernel_end))
+    return ComputeCover(devices)
 
 
 def _labelled(nccl_ops: pl.DataFrame) -> pl.DataFrame:
@@ -389,17 +425,6 @@ def run_totals(per_rank: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(merged.values(), key=lambda r: (order.get(r["collective"], len(order)), r["collective"]))
 
 
-def compute_kernels(ops: pl.DataFrame, mask: pl.Series | None) -> pl.DataFrame:
-    """device, start, end of the compute (non-NCCL) kernels of ``ops`` that ``mask`` keeps;
-    only those three columns are touched (10 M-row frames are never copied whole)."""
-    keep = (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
-    frame = ops.select("device", "start", "end", "kind", "is_nccl")
-    if mask is not None:
-        frame = frame.with_columns(mask.alias("_window"))
-        keep = keep & pl.col("_window")
-    return frame.filter(keep).select("device", "start", "end")
-
-
 def breakdown(
     rank: int,
     ops: pl.DataFrame,
@@ -414,7 +439,7 @@ def breakdown(
     """(collectives by type, peer row) of one rank: :func:`by_type` and :func:`peer_matrix` from
     the attributed ops (``is_nccl``, ``step_id``), the window ``mask``, the window's NCCL kernels
     (with ``collective``), the rank's steps (``range_id``, ``index``) and its ranges."""
-    cover = compute_cover(compute_kernels(ops, mask)) if nccl_ops.height else None
+    cover = compute_cover(ops, mask) if nccl_ops.height else None
     step_index = None
     if steps.height:
         index = steps["index"] if "index" in steps.columns else pl.int_range(steps.height, eager=True)
