@@ -326,3 +326,51 @@ def test_compute_cover_measures_overlap_exactly(layout: str) -> None:
     queries = [(0, 0, 100), (0, 20, 70), (0, 36, 44), (0, 40, 63), (0, 99, 120), (1, 5, 25), (1, 0, 100)]
     device, start, end = (np.array(col) for col in zip(*queries, strict=True))
     assert cover.covered(device, start, end).tolist() == _brute_covered(ops, mask.to_list(), queries)
+
+
+def _kineto_p2p_trace(rank: int, peers: list[object]) -> dict:
+    """A PyTorch >= 2.4 profiler trace (factory: no public trace has P2P args): one rank of a
+    4-rank job, one SendRecv kernel per send/recv, args as the profiler writes them."""
+    events: list[dict] = []
+    for i, peer in enumerate(peers):
+        send = i % 2 == 0
+        ts = 1000.0 + 100 * i
+        events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 7, "ts": ts, "dur": 5,
+             "args": {"correlation": 100 + i}}
+        )  # fmt: skip
+        args = {
+            "device": rank, "stream": 20, "correlation": 100 + i, "Collective name": "send" if send else "recv",
+            "In msg nelems": 1024 * (i + 1), "Out msg nelems": 1024 * (i + 1), "Group size": 4, "dtype": "Float",
+            "Process Group Ranks": "[0, 1, 2, 3]", ("Dst Rank" if send else "Src Rank"): peer,
+        }  # fmt: skip
+        events.append(
+            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+             "pid": rank, "tid": 20, "ts": ts + 10, "dur": 50 + i, "args": args}
+        )  # fmt: skip
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 4},
+            "traceEvents": events}  # fmt: skip
+
+
+def test_kineto_peers_from_dst_and_src_rank_args(tmp_path: Path) -> None:
+    peers = {0: [1, "1", 3, 2], 1: [0, 0]}  # numbers, or their text as some versions write them
+    paths = []
+    for rank, named in peers.items():
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps(_kineto_p2p_trace(rank, named)))
+        paths.append(path)
+    result = _analyse(paths, ("window",))
+    expected: dict[tuple[int, int], Counter] = {}
+    for rank, named in peers.items():
+        for i, peer in enumerate(named):
+            cell = expected.setdefault((rank, int(peer)), Counter())
+            cell["kernels"] += 1
+            cell["time_ns"] += (50 + i) * 1000
+            cell["bytes"] += 1024 * (i + 1) * 4
+    got = {(r["rank"], r["peer"]): r for r in result.peer_matrix["rows"]}
+    assert set(got) == set(expected)
+    for key, cell in expected.items():
+        row = got[key]
+        assert (row["kernels"], row["time_ns"], row["bytes"]) == (cell["kernels"], cell["time_ns"], cell["bytes"])
+        assert row["source"] == collectives.PEER_FROM_KINETO and row["sends"] is None
+    assert result.peer_matrix["null_reason"] is None

@@ -308,6 +308,8 @@ def _int(values: list[Any]) -> pl.Series:
 
 def _rank_arg(values: list[Any]) -> pl.Series:
     """A rank written as a number or as its text (PyTorch writes collective metadata as strings)."""
+    if values.count(None) == len(values):  # C-level scan: most traces have no point-to-point args
+        return pl.repeat(None, len(values), dtype=pl.Int32, eager=True)
     return pl.Series(values, dtype=pl.String, strict=False).str.strip_chars().cast(pl.Int32, strict=False)
 
 
