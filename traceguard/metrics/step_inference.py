@@ -166,8 +166,17 @@ def idle_before(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return idle
 
 
+def _idle_at(start: np.ndarray, ended: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """:func:`idle_before` of kernels ``lo``..``hi - 1``, from the running maximum of their ends."""
+    idle = np.zeros(hi - lo, dtype=np.int64)
+    first = max(lo, 1)
+    idle[first - lo :] = np.maximum(0, start[first:hi] - ended[first - 1 : hi - 1])
+    return idle
+
+
 def _phase(idle: np.ndarray, period: int, optimizer: np.ndarray | None) -> int:
-    """The kernel offset within the period at which iterations start (module docstring)."""
+    """The kernel offset within the period at which iterations start (module docstring), from
+    the idle gaps (and optimizer kernels) of the first kernels of the capture."""
     n = idle.size
     positions = np.arange(1, n)
     offset_of = positions % period
@@ -198,8 +207,11 @@ def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
     # Too few kernels left to compare (the capture's last iteration): one period on it is.
     if target + length > names.size or np.array_equal(names[target : target + length], names[mark : mark + length]):
         return target
-    candidates = np.arange(lo, hi)
-    candidates = candidates[candidates + length <= names.size]
+    hi = min(hi, names.size - length + 1)
+    # Where the iteration's first kernel recurs, when it does: a few candidates, not the window.
+    candidates = lo + np.flatnonzero(names[lo:hi] == names[mark])
+    if candidates.size == 0:
+        candidates = np.arange(lo, hi)
     if candidates.size == 0:
         return target
     window = names[candidates[:, None] + np.arange(length)[None, :]]
@@ -208,28 +220,36 @@ def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
     return int(candidates[best[np.argmin(np.abs(candidates[best] - target))]])
 
 
-def _settle(marks: list[int], idle: np.ndarray) -> list[int]:
+def _settle(marks: list[int], start: np.ndarray, ended: np.ndarray) -> list[int]:
     """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it: the phase is
     an average over all iterations, so an iteration a kernel longer shifts it by one for the
     iterations before. (The capture's first kernel has no gap before it to tell: a capture that
     opens exactly on an iteration may see its first boundary a kernel or two late.)"""
-    gaps = idle
     settled: list[int] = []
     for mark in marks:
         lo = max(settled[-1] + 1 if settled else 0, mark - SETTLE_KERNELS)
-        hi = min(idle.size, mark + SETTLE_KERNELS + 1)
-        settled.append(lo + int(np.argmax(gaps[lo:hi])))
+        hi = min(start.size, mark + SETTLE_KERNELS + 1)
+        settled.append(lo + int(np.argmax(_idle_at(start, ended, lo, hi))))
     return settled
 
 
 def boundaries(
-    names: np.ndarray, start: np.ndarray, end: np.ndarray, period: int, optimizer: np.ndarray | None = None
+    names: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    period: int,
+    optimizer: np.ndarray | None = None,
+    ended: np.ndarray | None = None,
 ) -> list[tuple[int, int]]:
     """Kernel index ranges ``[first, last)`` of the complete iterations (module docstring);
-    ``optimizer`` marks the optimizer's kernels, when they are known by name."""
+    ``optimizer`` marks the optimizer's kernels (of the first ``SEARCH_PREFIX`` kernels at
+    least), when they are known by name; ``ended`` is the running maximum of ``end``."""
     n = start.size
-    idle = idle_before(start, end)
-    first = _phase(idle, period, optimizer)
+    ended = np.maximum.accumulate(end) if ended is None else ended
+    prefix = min(n, max(SEARCH_PREFIX, 2 * period))
+    first = _phase(
+        _idle_at(start, ended, 0, prefix), period, None if optimizer is None else optimizer[:prefix]
+    )
     slack = _slack(period)
     marks = [first]
     while True:
@@ -238,7 +258,7 @@ def boundaries(
         if target >= n or lo >= hi:
             break
         marks.append(_align(names, marks[-1], target, lo, hi))
-    marks = _settle(marks, idle)
+    marks = _settle(marks, start, ended)
     steps = list(itertools.pairwise(marks))
     if n - marks[-1] >= period - slack:  # the last iteration is complete
         steps.append((marks[-1], n))
@@ -275,9 +295,11 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
     )
     rows: list[dict[str, object]] = []
     periods: dict[int, Period] = {}
-    for (pid,), of_process in kernels.partition_by("pid", as_dict=True, maintain_order=True).items():
-        if pid is None:
-            continue
+    pids = kernels["pid"].unique().drop_nulls().sort().to_list()
+    alone = len(pids) == 1 and not kernels["pid"].null_count()
+    for pid in pids:
+        # One process per rank is the rule: no copy of the kernels then.
+        of_process = kernels if alone else kernels.filter(pl.col("pid") == pid)
         sequence = _busiest_device(of_process)
         names = sequence["name_id"].fill_null(-1).to_numpy()
         period = find_period(names)
@@ -285,15 +307,16 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
             continue
         start = sequence["start"].to_numpy().astype(np.int64, copy=False)
         end = sequence["end"].to_numpy().astype(np.int64, copy=False)
-        optimizer = sequence["name_id"].is_in(optimizer_ids.implode()).fill_null(False).to_numpy()
-        spans = boundaries(names, start, end, period.kernels, optimizer)
+        prefix = sequence["name_id"].head(max(SEARCH_PREFIX, 2 * period.kernels))
+        optimizer = prefix.is_in(optimizer_ids.implode()).fill_null(False).to_numpy()
+        ended = np.maximum.accumulate(end)
+        spans = boundaries(names, start, end, period.kernels, optimizer, ended)
         if len(spans) < MIN_PERIODS:
             continue
         periods[pid] = period
         rank = sequence["rank"][0]
         # A step begins where the GPU fell idle before its first kernel: the copies that feed an
         # iteration (its input batch) run in that gap and belong to it.
-        ended = np.maximum.accumulate(end)
         first_op = int(of_process_ops_start[pid])
         for number, (first, last) in enumerate(spans):
             step_start = int(ended[first - 1]) + 1 if first else min(first_op, int(start[0]))
