@@ -167,6 +167,66 @@ def test_cpu_staged_gradients_through_pageable_memory_still_fail(unpacked) -> No
     assert "steps inferred" not in check["message"] and "window" not in check["message"]  # marker steps
 
 
+def test_a_few_pageable_scalars_beside_a_pinned_data_path_are_no_finding(unpacked) -> None:
+    """nsys-ai's h100_2gpu_1s: tens of GB of pinned HtoD copies and 4 pageable copies of 784 B.
+    The share (~6e-8) is above production's warn bound (> 0); the finding floor makes it no alarm."""
+    path = unpacked(public_nsys("h100_2gpu_1s"))
+    raw = _host_copies(path)
+    assert raw["pageable_copies"] == 4 and raw["pageable_bytes"] == 4 * 784
+    analysis = analyze([str(path)], step_sources=["window"])  # every copy in the window
+    m = analysis.result.metrics
+    steps = len(analysis.result.ranks)
+    assert (m["host_device_bytes"], m["pageable_host_bytes"], m["step_count"]) == (
+        raw["bytes"],
+        raw["pageable_bytes"],
+        steps,
+    )
+    assert raw["bytes"] / steps >= MiB  # the data path itself is well above min_bytes_per_step
+    check = _check(analysis.checks, "pageable_host_copies")
+    assert check.status == "skip"
+    assert check.reason == (
+        f"3.062 KiB of pageable host↔device copies over {steps} steps = {raw['pageable_bytes'] / steps / 1024:.4g} KiB "
+        "per step (< 1 MiB per step, the profile's min_pageable_bytes_per_step): too little pageable traffic to cost "
+        "anything measurable: no finding"
+    )
+    production = load_profile("production")
+    config = production.rules["pageable_host_copies"]
+    # Without the finding floor (the data path's floor kept) the 3 KiB would warn.
+    without = replace(config, minimum={"min_bytes_per_step": config.minimum["min_bytes_per_step"]})
+    alarm = _check(evaluate(analysis.result, replace(production, rules={"pageable_host_copies": without})), check.id)
+    assert alarm.status == "warn"
+    assert alarm.value == pytest.approx(raw["pageable_bytes"] / raw["bytes"])
+
+
+def test_a_few_syncs_over_many_steps_are_no_per_step_habit(unpacked) -> None:
+    """h100_2gpu_1s again: 4 DtoH copies of 1-8 B in a capture of dozens of inferred steps."""
+    path = unpacked(public_nsys("h100_2gpu_1s"))
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    dtoh = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 2").fetchone()[0]
+    assert dtoh == 4
+    analysis = analyze([str(path)])
+    m = analysis.result.metrics
+    assert m["gpu_to_cpu_copies"] <= dtoh < m["step_count"]
+    check = _check(analysis.checks, "gpu_to_cpu_copy_rate")
+    assert check.status == "skip"
+    per_step = m["gpu_to_cpu_copies"] / m["step_count"]
+    assert check.reason.startswith(
+        f"{m['gpu_to_cpu_copies']} GPU→CPU copies over {m['step_count']} steps = {per_step:.3g} per step "
+        "(< 1 copy per step, the profile's min_copies_per_step)"
+    )
+    sources = {r.step_source for r in analysis.result.ranks} & set(STEP_NOTES)
+    assert all(STEP_NOTES[source] in check.message for source in sources)
+
+
+def test_finding_floors_never_stop_a_pass(p2p_bundle: Analysis) -> None:
+    """The H200 DDP run has no pageable byte and no GPU→CPU copy: far below both finding floors,
+    and both rules pass (a pass needs no offending event)."""
+    m = p2p_bundle.result.metrics
+    assert m["pageable_host_bytes"] == 0 and m["gpu_to_cpu_copies"] == 0
+    checks = {c.id: c for c in p2p_bundle.checks}
+    assert checks["pageable_host_copies"].status == checks["gpu_to_cpu_copy_rate"].status == "pass"
+
+
 # ---------------------------------------------------------------- one floor per rule, on real runs
 
 
@@ -239,6 +299,22 @@ def test_a_per_step_copy_habit_in_a_short_trace_is_still_judged() -> None:
     check = _check(analyze([str(public_kineto("sampled_rank-0"))]).checks, "gpu_to_cpu_copy_rate")
     assert check.status == "fail"
     assert check.value == pytest.approx(raw.dtoh / raw.gpu_ops)
+
+
+def test_gpu_to_cpu_finding_floor_is_copies_per_step(cpu_staged: Analysis) -> None:
+    m = cpu_staged.result.metrics
+    per_step = m["gpu_to_cpu_copies"] / m["step_count"]
+    at, short = _at_and_below(cpu_staged.result, "gpu_to_cpu_copy_rate", "min_copies_per_step", per_step)
+    assert at.status == "fail"
+    assert "the every-N-steps habit the remedy recommends" in short.reason
+
+
+def test_pageable_finding_floor_is_pageable_bytes_per_step(cpu_staged: Analysis, unpacked) -> None:
+    files = _nsys_files("sweep_h200/cpu_staged", unpacked)
+    per_step = sum(_host_copies(f)["pageable_bytes"] for f in files) / cpu_staged.result.metrics["step_count"]
+    at, short = _at_and_below(cpu_staged.result, "pageable_host_copies", "min_pageable_bytes_per_step", per_step)
+    assert at.status == "fail"
+    assert short.reason.endswith("too little pageable traffic to cost anything measurable: no finding")
 
 
 def test_dtod_floor_is_the_gradient_payload(p2p_bundle: Analysis) -> None:
@@ -404,8 +480,16 @@ def test_window_steps_are_named_in_verdicts_and_never_straggle(mfu: Path) -> Non
     nccl = _check(analysis.checks, "nccl_step_share")
     assert nccl.status == "pass"
     assert nccl.message.endswith(f"({STEP_NOTES['window']})")
-    # A rule that does not read steps says nothing about them.
-    assert "step" not in _check(analysis.checks, "gpu_to_cpu_copy_rate").message
+
+
+def test_only_step_based_verdicts_name_window_steps() -> None:
+    """The H200 bundle with its `Batch N` markers ignored: every verdict drawn from steps says
+    they are whole windows; the link rules (NCCL log, dmon) say nothing about steps."""
+    analysis = analyze([str(OWN / "h200" / "p2p_nsys")], step_sources=["window"])
+    evaluated = [c for c in analysis.checks if c.id in RULES and c.status != "skip"]
+    assert {c.id for c in evaluated} >= {"nccl_step_share", "dtod_copy_volume", "transport_p2p", "pcie_saturation"}
+    for check in evaluated:
+        assert (STEP_NOTES["window"] in check.message) == RULES[check.id].step_based, check.message
 
 
 def test_marker_steps_add_no_note(p2p_bundle: Analysis) -> None:
@@ -464,10 +548,14 @@ def test_a_floor_must_be_a_number_at_least_zero(tmp_path: Path, value: str) -> N
 def test_a_child_profile_can_lower_a_floor_to_zero(tmp_path: Path, mfu: Path) -> None:
     profile = load_profile(str(_write(tmp_path, "[rules.pageable_host_copies]\nmin_bytes_per_step = 0\n")))
     validate_profile(profile)
-    assert profile.rules["pageable_host_copies"].minimum == {"min_bytes_per_step": 0.0}
+    floors = profile.rules["pageable_host_copies"].minimum
+    assert floors == {"min_bytes_per_step": 0.0, "min_pageable_bytes_per_step": float(MiB)}  # key by key
     assert profile.rules["pageable_host_copies"].fail == 0.5  # bounds still inherited
     check = _check(analyze([str(mfu)], profile=profile).checks, "pageable_host_copies")
-    assert check.status == "fail"
+    # The data path's floor is off; the finding still needs 1 MiB of pageable traffic per step.
+    assert check.status == "skip" and "the profile's min_pageable_bytes_per_step" in check.reason
+    both = _write(tmp_path, "[rules.pageable_host_copies]\nmin_bytes_per_step = 0\nmin_pageable_bytes_per_step = 0\n")
+    assert _check(analyze([str(mfu)], profile=load_profile(str(both))).checks, "pageable_host_copies").status == "fail"
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "profiles").glob("*.toml")), ids=lambda p: p.stem)

@@ -8,8 +8,10 @@ Minimum evidence (DESIGN.md): each rule declares its ``floors`` — a profile ke
 the run metric that holds the evidence (GPU ops, bytes per step, steps compared, samples...).
 Below the profile's floor the rule is ``skip`` with a reason naming the evidence found and the
 floor, so a handful of events never decides a verdict; a floor the profile does not set is not
-applied. A verdict drawn from steps that were inferred, or that are each rank's whole GPU window,
-says so in its message.
+applied. Most floors are evidence to judge at all (the denominator: GPU ops, the data path's
+bytes); a *finding* floor is the evidence a warn or fail needs (the numerator: 4 pageable copies
+of 784 B beside 50 GB of pinned ones are no finding), and a pass needs none. A verdict drawn
+from steps that were inferred, or that are each rank's whole GPU window, says so in its message.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class Floor:
     ``key``: the profile's ``min_*`` key that sets it; ``metric``: the run metric holding the
     evidence (below the floor → ``skip``); ``unit``: how the floor reads ("bytes",
     "bytes_per_step", "ns", else the singular noun of a count); ``found``: the evidence in words,
-    from the run; ``meaning``: why that little cannot be judged.
+    from the run; ``meaning``: why that little cannot be judged. ``finding``: the floor is what
+    a warn or fail needs (the offending events), not what any verdict needs; a pass ignores it.
     """
 
     key: str
@@ -67,6 +70,7 @@ class Floor:
     unit: str
     found: Callable[[RunResult], str]
     meaning: str
+    finding: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,20 @@ def _gpu_ops_found(result: RunResult) -> str:
     return f"{_count(result, 'gpu_to_cpu_copies', 'GPU→CPU copy')} among {_count(result, 'gpu_ops', 'GPU op')}"
 
 
+def _copies_per_step_found(result: RunResult) -> str:
+    steps, per_step = _m(result, "step_count") or 0, _m(result, "gpu_to_cpu_copies_per_step")
+    text = f"{_count(result, 'gpu_to_cpu_copies', 'GPU→CPU copy')} over {_plural(steps, 'step')}"
+    return text + (f" = {per_step:.3g} per step" if per_step is not None and steps > 1 else "")
+
+
+def _pageable_found(result: RunResult) -> str:
+    moved, steps = _m(result, "pageable_host_bytes"), _m(result, "step_count") or 0
+    per_step = _m(result, "pageable_host_bytes_per_step")
+    text = f"{format_bytes(moved) if moved is not None else 'an unknown volume'} of pageable host↔device copies"
+    text += f" over {_plural(steps, 'step')}"
+    return text + (f" = {format_bytes(per_step)} per step" if per_step is not None and steps > 1 else "")
+
+
 def _gradient_found(result: RunResult) -> str:
     payload, carrier = _m(result, "gradient_reduction_bytes_per_step"), _m(result, "gradient_reduction_collective")
     shown = "unknown" if payload is None else format_bytes(payload)
@@ -329,7 +347,16 @@ RULES: dict[str, Rule] = {
                     _gpu_ops_found,
                     "too few GPU ops for a rate: a single copy would cross the bounds",
                 ),
+                Floor(
+                    "min_copies_per_step",
+                    "gpu_to_cpu_copies_per_step",
+                    "copy per step",
+                    _copies_per_step_found,
+                    "fewer than one per step is the every-N-steps habit the remedy recommends, not a per-step sync",
+                    finding=True,
+                ),
             ),
+            step_based=True,
         ),
         Rule(
             "dtod_copy_volume",
@@ -390,6 +417,14 @@ RULES: dict[str, Rule] = {
                     "bytes_per_step",
                     _host_copies_found,
                     "too little to judge the data path",
+                ),
+                Floor(
+                    "min_pageable_bytes_per_step",
+                    "pageable_host_bytes_per_step",
+                    "bytes_per_step",
+                    _pageable_found,
+                    "too little pageable traffic to cost anything measurable: no finding",
+                    finding=True,
                 ),
             ),
             step_based=True,
@@ -556,11 +591,6 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
         reason = result.null_reasons.get(rule.metric or "", "not available from these inputs")
         return CheckResult(**base, status=SKIP, message=f"{rule.title}: not available", reason=reason)
     note = step_note(result) if rule.step_based else None
-    short = _short_of_floor(rule, config, result)
-    if short is not None:
-        reason, row = short
-        message = f"{rule.title}: {reason}" + (f" ({note})" if note else "")
-        return CheckResult(**base, status=SKIP, message=message, reason=reason, evidence=[row])
     crosses = _COMPARE[config.op]
     if config.fail is not None and crosses(value, config.fail):
         status, bound = FAIL, config.fail
@@ -568,6 +598,14 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
         status, bound = WARN, config.warn
     else:
         status, bound = PASS, None
+    # Evidence to judge at all, then (for a warn or fail) the evidence the finding needs.
+    short = _short_of_floor(rule, config, result, finding=False) or (
+        _short_of_floor(rule, config, result, finding=True) if status != PASS else None
+    )
+    if short is not None:
+        reason, row = short
+        message = f"{rule.title}: {reason}" + (f" ({note})" if note else "")
+        return CheckResult(**base, status=SKIP, message=message, reason=reason, evidence=[row])
     shown = format_value(value, rule.unit)
     if status == PASS:
         limits = " / ".join(
@@ -591,12 +629,15 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
     )
 
 
-def _short_of_floor(rule: Rule, config: RuleConfig, result: RunResult) -> tuple[str, dict[str, Any]] | None:
-    """The first floor the profile sets that the run's evidence does not reach (or cannot show):
-    the skip reason and its evidence row; None when every floor is met."""
+def _short_of_floor(
+    rule: Rule, config: RuleConfig, result: RunResult, *, finding: bool
+) -> tuple[str, dict[str, Any]] | None:
+    """The first floor of the kind asked (``finding`` or not) that the profile sets and the run's
+    evidence does not reach (or cannot show): the skip reason and its evidence row; None when
+    every such floor is met."""
     for floor in rule.floors:
         minimum = config.minimum.get(floor.key)
-        if minimum is None:
+        if minimum is None or floor.finding != finding:
             continue
         found = result.metrics.get(floor.metric)
         row = {"floor": floor.key, "minimum": minimum, "evidence_metric": floor.metric, "found": found}

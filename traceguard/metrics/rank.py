@@ -198,8 +198,11 @@ def _window_metrics(
     m["host_device_copies"] = known_copies
     m["host_device_bytes"] = known_bytes
     m["host_device_bytes_per_step"] = known_bytes / step_count if step_count else None
+    m["pageable_host_bytes_per_step"] = pageable / step_count if step_count else None
+    m["gpu_to_cpu_copies_per_step"] = m["gpu_to_cpu_copies"] / step_count if step_count else None
     if not step_count:
-        null["host_device_bytes_per_step"] = _no_steps_reason(capture)
+        for key in ("host_device_bytes_per_step", "pageable_host_bytes_per_step", "gpu_to_cpu_copies_per_step"):
+            null[key] = _no_steps_reason(capture)
     m["pageable_host_bytes"] = pageable
     m["pageable_host_share"] = pageable / known_bytes if known_bytes else None
     if not known_bytes:
@@ -240,6 +243,8 @@ def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
         "host_device_bytes",
         "host_device_bytes_per_step",
         "pageable_host_bytes",
+        "pageable_host_bytes_per_step",
+        "gpu_to_cpu_copies_per_step",
     ):
         m[key] = None
         null[key] = no_gpu

@@ -9,6 +9,7 @@ length of a capture is not a step time.
 
 Evidence the checks' floors read (DESIGN.md, "Minimum evidence"): ``host_device_copies`` and
 ``host_device_bytes_per_step`` (Σ host↔device bytes with a known host memory kind ÷ Σ steps),
+``pageable_host_bytes_per_step`` and ``gpu_to_cpu_copies_per_step`` (Σ ÷ Σ steps),
 ``straggler_steps_compared`` (step indices compared on two or more ranks), ``gpu_model_ranks``
 (ranks whose GPU model the capture names).
 """
@@ -97,6 +98,8 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
     m["nccl_share_of_step"] = _ratio(m["nccl_step_ns"], m["gpu_span_ns"])
     m["pageable_host_share"] = _ratio(m["pageable_host_bytes"], m["host_device_bytes"])
     m["host_device_bytes_per_step"] = _ratio(m["host_device_bytes"], m["step_count"])
+    m["pageable_host_bytes_per_step"] = _ratio(m["pageable_host_bytes"], m["step_count"])
+    m["gpu_to_cpu_copies_per_step"] = _ratio(m["gpu_to_cpu_copies"], m["step_count"])
     allreduce = [r.metrics.get("allreduce_bytes_per_step") for r in ranks]
     if allreduce and all(v is not None for v in allreduce) and m["step_count"]:
         total_steps = sum(r.metrics["step_count"] for r in ranks)
@@ -136,6 +139,8 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
         "nccl_share_of_step",
         "pageable_host_share",
         "host_device_bytes_per_step",
+        "pageable_host_bytes_per_step",
+        "gpu_to_cpu_copies_per_step",
         "allreduce_bytes_per_step",
         "gradient_reduction_bytes_per_step",
         "dtod_to_gradient_ratio",

@@ -50,6 +50,8 @@ EXTRA_METRICS = (
     # Evidence the checks' floors read (DESIGN.md, "Minimum evidence").
     "host_device_copies",
     "host_device_bytes_per_step",
+    "pageable_host_bytes_per_step",
+    "gpu_to_cpu_copies_per_step",
 )
 RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models", "straggler_steps_compared", "gpu_model_ranks")
 LINK_METRICS = (
