@@ -374,3 +374,57 @@ def test_kineto_peers_from_dst_and_src_rank_args(tmp_path: Path) -> None:
         assert (row["kernels"], row["time_ns"], row["bytes"]) == (cell["kernels"], cell["time_ns"], cell["bytes"])
         assert row["source"] == collectives.PEER_FROM_KINETO and row["sends"] is None
     assert result.peer_matrix["null_reason"] is None
+
+
+def test_mfu_sendrecv_kernels_are_issued_by_all_to_all(mfu: Path) -> None:
+    """Each SendRecv kernel whose launch lies inside PyTorch's ``nccl:all_to_all`` NVTX range (on
+    the launching thread) counts as issued by all_to_all: by plain SQL, per device."""
+    rows = _sql(
+        mfu,
+        "SELECT k.deviceId, COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.shortName "
+        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+        "AND (r.globalTid >> 24) << 24 = k.globalPid "
+        "WHERE s.value LIKE 'ncclDevKernel_SendRecv%' AND EXISTS (SELECT 1 FROM NVTX_EVENTS e "
+        "WHERE e.globalTid = r.globalTid AND e.text LIKE 'nccl:all_to_all%' "
+        "AND e.start <= r.start AND e.end >= r.start) "
+        "GROUP BY k.deviceId",
+    )
+    expected = dict(rows)
+    assert expected and all(n > 0 for n in expected.values())
+    result = _analyse([mfu], ("window",))
+    for rank in result.ranks:
+        (row,) = rank.collectives_by_type["totals"]
+        assert row["issued_as"] == {"all_to_all": expected[rank.rank]}
+    assert result.collectives_by_type[0]["issued_as"] == {"all_to_all": sum(expected.values())}
+
+
+def test_hta_kineto_operations_from_user_annotations() -> None:
+    """HTA's control trace: kernels whose launch (same correlation) lies in a ``nccl:<op>``
+    user annotation on the launching thread, counted with plain json."""
+    path = public_kineto("trace_diff__control")
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and e.get("ph") == "X" and "correlation" in (e.get("args") or {})
+    }
+    annotations = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")]
+    expected: Counter[tuple[str, str]] = Counter()
+    for kernel in _kineto_kernels(path):
+        launch = launches[kernel["args"]["correlation"]]
+        t = float(launch["ts"])
+        inside = [
+            a
+            for a in annotations
+            if a["tid"] == launch["tid"] and float(a["ts"]) <= t <= float(a["ts"]) + float(a["dur"])
+        ]
+        if inside:
+            innermost = max(inside, key=lambda a: float(a["ts"]))
+            expected[(KERNEL_TYPE.match(kernel["name"]).group(1), innermost["name"].removeprefix("nccl:"))] += 1
+    (rank,) = _analyse([path], ("window",)).ranks
+    got = Counter(
+        {(row["collective"], op): n for row in rank.collectives_by_type["totals"] for op, n in row["issued_as"].items()}
+    )
+    assert got == expected and expected[("SendRecv", "all_to_all")] == 42

@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.metrics.intervals import union_segments, union_sorted_np
+from traceguard.metrics.steps import containing_ids
 from traceguard.model import OP_KINDS
 
 #: Collective types in report order (DESIGN.md); others follow by name.
@@ -195,6 +196,45 @@ def _type_table(kernels: pl.DataFrame, by: list[str], cover: ComputeCover | None
     return table.sort([*by[:-1], order, "collective"])
 
 
+def _issued_as(kernels: pl.DataFrame) -> dict[str, dict[str, int]]:
+    """collective → {framework operation: kernels}, where the capture names the operation."""
+    if "operation" not in kernels.columns:
+        return {}
+    counted = kernels.filter(pl.col("operation").is_not_null()).group_by("collective", "operation").len()
+    out: dict[str, dict[str, int]] = {}
+    for collective, operation, n in counted.sort("collective", "operation").iter_rows():
+        out.setdefault(collective, {})[operation] = int(n)
+    return out
+
+
+#: PyTorch's record_function around a c10d call: ``nccl:all_to_all`` (under ``emit_nvtx`` also
+#: ``, op_id = N`` / ``, sizes = ...`` after it).
+_FRAMEWORK_OP = r"^nccl:([^,\s]+)"
+
+
+def with_operation(nccl_ops: pl.DataFrame, ranges: pl.DataFrame, nccl_domain: str) -> pl.DataFrame:
+    """Add ``operation``: the c10d call (``all_to_all``, ``send``, ``_reduce_scatter_base`` ...)
+    whose ``nccl:<op>`` range holds the kernel's launch on its thread (PyTorch's profiler and
+    ``emit_nvtx`` name them so), null where none does. NCCL runs ``all_to_all`` as grouped
+    send/recv, so this is what tells an all-to-all's SendRecv kernels from pipeline sends."""
+    none = nccl_ops.with_columns(pl.lit(None, dtype=pl.String).alias("operation"))
+    if nccl_ops.height == 0 or not {"launch_tid", "launch_start"} <= set(nccl_ops.columns):
+        return none
+    calls = ranges.filter(
+        (pl.col("domain").is_null() | (pl.col("domain") != nccl_domain)) & pl.col("name").str.starts_with("nccl:")
+    )
+    if calls.height == 0:
+        return none
+    found = containing_ids(
+        nccl_ops.select("pid", pl.col("launch_tid").alias("tid"), "launch_start"),
+        "launch_start",
+        calls.select("pid", "tid", "start", "end", "name"),
+        "name",
+        ["pid", "tid"],
+    )
+    return nccl_ops.with_columns(found.str.extract(_FRAMEWORK_OP, 1).alias("operation"))
+
+
 def by_type(
     nccl_ops: pl.DataFrame,
     cover: ComputeCover | None,
@@ -209,8 +249,14 @@ def by_type(
     out: dict[str, Any] = {"totals": [], "steps": [], "null_reasons": {}}
     if nccl_ops.height == 0:
         return out
-    kernels = _labelled(nccl_ops.select("collective", "device", "start", "end", "msg_bytes", "step_id"))
+    columns = ["collective", "device", "start", "end", "msg_bytes", "step_id"]
+    if "operation" in nccl_ops.columns:
+        columns.append("operation")
+    kernels = _labelled(nccl_ops.select(columns))
     out["totals"] = _rows(_type_table(kernels, ["collective"], cover))
+    issued = _issued_as(kernels)
+    for row in out["totals"]:
+        row["issued_as"] = issued.get(row["collective"], {})
     if step_index is not None and step_index.height:
         in_steps = kernels.filter(pl.col("step_id").is_not_null()).join(
             step_index.select("step_id", pl.col("index").cast(pl.Int64).alias("step_index")), on="step_id", how="inner"
@@ -414,12 +460,22 @@ def run_totals(per_rank: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for row in doc.get("totals", []):
             into = merged.setdefault(
                 row["collective"],
-                {"collective": row["collective"], "count": 0, "time_ns": 0, "exposed_ns": 0, "bytes": 0, "ranks": 0},
+                {
+                    "collective": row["collective"],
+                    "count": 0,
+                    "time_ns": 0,
+                    "exposed_ns": 0,
+                    "bytes": 0,
+                    "ranks": 0,
+                    "issued_as": {},
+                },
             )
             into["count"] += row["count"]
             into["time_ns"] += row["time_ns"]
             into["exposed_ns"] += row["exposed_ns"]
             into["ranks"] += 1
+            for operation, n in (row.get("issued_as") or {}).items():
+                into["issued_as"][operation] = into["issued_as"].get(operation, 0) + n
             into["bytes"] = None if into["bytes"] is None or row["bytes"] is None else into["bytes"] + row["bytes"]
     order = {name: i for i, name in enumerate(COLLECTIVE_ORDER)}
     return sorted(merged.values(), key=lambda r: (order.get(r["collective"], len(order)), r["collective"]))
@@ -444,6 +500,7 @@ def breakdown(
     if steps.height:
         index = steps["index"] if "index" in steps.columns else pl.int_range(steps.height, eager=True)
         step_index = pl.DataFrame({"step_id": steps["range_id"].cast(pl.Int64), "index": index.cast(pl.Int64)})
+    nccl_ops = with_operation(nccl_ops, ranges, nccl_domain)
     types = by_type(nccl_ops.with_columns(pl.col("step_id").cast(pl.Int64)), cover, step_index)
     peers = peer_matrix(rank, nccl_ops, p2p_calls(ranges, nccl_domain), group_size=group_size)
     return types, peers

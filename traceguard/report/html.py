@@ -183,13 +183,16 @@ def _collectives_table(doc: dict[str, Any], collective: str | None = None) -> li
     title = "Collectives by type" + (f" — {_e(collective)} only" if collective else "")
     parts = [
         f"<h2>{title}</h2><table id='collectives-table'><tr><th>rank</th><th>collective</th>"
-        "<th>count</th><th>time</th><th>exposed</th><th>bytes</th></tr>"
+        "<th>count</th><th>time</th><th>exposed</th><th>bytes</th><th>issued as</th></tr>"
     ]
     for rank in doc["ranks"]:
         for row in (rank.get("collectives_by_type") or {}).get("totals") or []:
             if collective is None or row["collective"] == collective:
+                issued = ", ".join(f"{op} ×{n}" for op, n in (row.get("issued_as") or {}).items())
                 parts.append(
-                    f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank['rank'])}</td>" + _type_cells(row)
+                    f"<tr data-collective='{_e(row['collective'])}'><td>{_e(rank['rank'])}</td>"
+                    + _type_cells(row).removesuffix("</tr>")
+                    + f"<td>{_e(issued)}</td></tr>"
                 )
     parts.append("</table>")
     per_step = [

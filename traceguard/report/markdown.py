@@ -27,10 +27,11 @@ def collectives_section(doc: dict[str, Any]) -> list[str]:
     for rank in doc["ranks"]:
         for r in (rank.get("collectives_by_type") or {}).get("totals") or []:
             exposed = r["exposed_ns"] / r["time_ns"] if r["time_ns"] else None
+            issued = ", ".join(f"{op} {n}" for op, n in (r.get("issued_as") or {}).items())
             rows.append(
                 [
                     str(rank["rank"]),
-                    r["collective"],
+                    r["collective"] + (f" ({issued})" if issued else ""),
                     str(r["count"]),
                     ms(r["time_ns"]),
                     ms(r["exposed_ns"]),
