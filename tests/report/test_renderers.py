@@ -72,6 +72,32 @@ def test_markdown_names_every_check_its_status_and_the_verdict(reports: dict[str
         assert f"## Rank {rank['rank']}" in text
 
 
+def test_markdown_collectives_by_type_and_peer_matrix() -> None:
+    """mfu_2gpu_before (two ranks, SendRecv kernels from all_to_all): one row per (rank, type)
+    with the report's numbers, and the rank × peer matrix; an all-reduce run says why no peers."""
+    report = analyze([str(public_nsys("mfu_2gpu_before"))], step_sources=["window"]).report
+    lines = markdown.render(report).splitlines()
+    section = lines[lines.index("## Collectives by type") :]
+    for rank in report["ranks"]:
+        for row in rank["collectives_by_type"]["totals"]:
+            issued = ", ".join(f"{op} {n}" for op, n in row["issued_as"].items())
+            cells = f"| {rank['rank']} | {row['collective']} ({issued}) | {row['count']} |"
+            assert any(line.startswith(cells) for line in section), cells
+    peers = section[section.index("### Point-to-point peers") :]
+    for cell in report["run"]["peer_matrix"]["rows"]:
+        start = f"| {cell['rank']} | {cell['peer']} | {cell['kernels']} |"
+        (line,) = [line for line in peers if line.startswith(start)]
+        assert line.rstrip(" |").endswith(cell["source"])
+
+
+def test_markdown_says_why_peers_are_not_named(reports: dict[str, dict]) -> None:
+    text = markdown.render(reports["p2p"])
+    assert f"Peers not named: {reports['p2p']['run']['peer_matrix']['null_reason']}" in text
+    for rank in reports["p2p"]["ranks"]:
+        (row,) = rank["collectives_by_type"]["totals"]
+        assert row["collective"] == "AllReduce" and f"| {rank['rank']} | AllReduce" in text
+
+
 def test_markdown_says_no_steps_when_there_are_none(reports: dict[str, dict]) -> None:
     assert "No steps found." in markdown.render(reports["nosteps"])
 
