@@ -306,6 +306,7 @@ def test_gpu_to_cpu_finding_floor_is_copies_per_step(cpu_staged: Analysis) -> No
     per_step = m["gpu_to_cpu_copies"] / m["step_count"]
     at, short = _at_and_below(cpu_staged.result, "gpu_to_cpu_copy_rate", "min_copies_per_step", per_step)
     assert at.status == "fail"
+    assert f"(< {per_step + 1:g} copies per step, the profile's min_copies_per_step)" in short.reason
     assert "the every-N-steps habit the remedy recommends" in short.reason
 
 

@@ -134,11 +134,12 @@ def _format_floor(value: float, unit: str) -> str:
 
 
 def _plural_noun(noun: str) -> str:
-    return f"{noun[:-1]}ies" if noun.endswith("y") else f"{noun}s"
+    head, per, tail = noun.partition(" per ")  # "copy per step" → "copies per step"
+    return (f"{head[:-1]}ies" if head.endswith("y") else f"{head}s") + per + tail
 
 
 def _plural(count: float, noun: str) -> str:
-    """``1 step``, ``3 steps``, ``2 copies``."""
+    """``1 step``, ``3 steps``, ``2 copies``, ``2 copies per step``."""
     return f"{count:g} {noun if count == 1 else _plural_noun(noun)}"
 
 
@@ -153,9 +154,8 @@ def step_note(result: RunResult) -> str | None:
     """How the steps were found when no marker gave them, naming the ranks if not all."""
     by_source: dict[str, list[int]] = {}
     for r in result.ranks:
-        source = getattr(r, "step_source", None)
-        if source in STEP_NOTES:
-            by_source.setdefault(source, []).append(r.rank)
+        if r.step_source in STEP_NOTES:
+            by_source.setdefault(r.step_source, []).append(r.rank)
     notes = []
     for source, ranks in by_source.items():
         if len(ranks) == len(result.ranks):
