@@ -29,7 +29,14 @@ def get_profiles(_who: Reader) -> list[ProfilePublic]:
                 description=profile.description or None,
                 chain=profile.chain,
                 rules={
-                    rule_id: {"enabled": r.enabled, "op": r.op, "warn": r.warn, "fail": r.fail, **r.params}
+                    rule_id: {
+                        "enabled": r.enabled,
+                        "op": r.op,
+                        "warn": r.warn,
+                        "fail": r.fail,
+                        **r.params,
+                        **r.minimum,
+                    }
                     for rule_id, r in sorted(profile.rules.items())
                 },
             )

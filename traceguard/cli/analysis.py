@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from traceguard.checks.profiles import DEFAULT_PROFILE, available, load_profile
@@ -102,8 +103,14 @@ def profiles_command() -> None:
             title=f"{name} — {profile.description}"
             + (f" (extends {profile.chain[1]})" if len(profile.chain) > 1 else "")
         )
-        for column in ("rule", "enabled", "op", "warn", "fail"):
+        for column in ("rule", "enabled", "op", "warn", "fail", "minimum evidence"):
             table.add_column(column)
         for rule_id, rule in profile.rules.items():
-            table.add_row(rule_id, str(rule.enabled), rule.op, str(rule.warn), str(rule.fail))
+            floors = ", ".join(
+                f"{key} = {value:,.0f}" if float(value).is_integer() else f"{key} = {value:g}"
+                for key, value in sorted(rule.minimum.items())
+            )
+            table.add_row(rule_id, str(rule.enabled), rule.op, str(rule.warn), str(rule.fail), floors or "—")
         out.print(table)
+        if profile.step_patterns:
+            out.print(f"step patterns: {escape(', '.join(profile.step_patterns))}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from traceguard import __version__
@@ -116,7 +117,7 @@ def step_patterns(patterns: list[str] | None) -> list[str]:
     try:
         validate_patterns(patterns or [])
     except ValueError as exc:
-        err.print(f"[bold red]error[/]: --step-pattern {exc}")
+        err.print(f"[bold red]error[/]: --step-pattern {escape(str(exc))}")
         raise typer.Exit(2) from None
     return list(patterns or [])
 
@@ -165,9 +166,9 @@ def run_analysis(
                 progress=lambda msg: status.update(msg),
             )
     except TraceguardError as exc:
-        err.print(f"[bold red]error[/]: {exc.message}")
+        err.print(f"[bold red]error[/]: {escape(exc.message)}")
         if exc.hint:
-            err.print(f"  {exc.hint}")
+            err.print(f"  {escape(exc.hint)}")
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -185,17 +186,17 @@ def write(text: str, target: Path | None) -> None:
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
-        err.print(f"wrote {target}")
+        err.print(f"wrote {escape(str(target))}")
 
 
 def warn_inputs(report: dict[str, Any]) -> None:
     for problem in report["side_inputs"]["errors"]:
-        err.print(f"[yellow]skipped[/] {problem}")
+        err.print(f"[yellow]skipped[/] {escape(problem)}")
     for item in report["inputs"]:
         if item["error"]:
-            err.print(f"[yellow]skipped[/] {item['path']}: {item['error']}")
+            err.print(f"[yellow]skipped[/] {escape(item['path'])}: {escape(item['error'])}")
         for warning in item["warnings"]:
-            err.print(f"[dim]note[/] {item['path']}: {warning}")
+            err.print(f"[dim]note[/] {escape(item['path'])}: {escape(warning)}")
 
 
 def print_checks(report: dict[str, Any], title: str = "") -> None:
@@ -206,11 +207,11 @@ def print_checks(report: dict[str, Any], title: str = "") -> None:
         table.add_column(column)
     for c in report["checks"]:
         detail = c["reason"] if c["status"] == "skip" else c["message"]
-        table.add_row(c["id"], f"[{_STYLE[c['status']]}]{c['status']}[/]", detail or "")
+        table.add_row(c["id"], f"[{_STYLE[c['status']]}]{c['status']}[/]", escape(detail or ""))
     out.print(table)
     for c in report["checks"]:
         if c["status"] == "fail" and c.get("remedy"):
-            out.print(f"[bold red]{c['id']}[/]: {c['remedy']}")
+            out.print(f"[bold red]{c['id']}[/]: {escape(c['remedy'])}")
 
 
 def format_for(target: Path | None, fmt: ReportFormat | None) -> ReportFormat:
@@ -259,14 +260,14 @@ def labels(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            err.print(f"[bold red]error[/]: label {item!r} is not key=value")
+            err.print(f"[bold red]error[/]: label {escape(repr(item))} is not key=value")
             raise typer.Exit(2)
         parsed[key] = value
     return parsed
 
 
 def fail(exc: TraceguardError) -> typer.Exit:
-    err.print(f"[bold red]error[/]: {exc.message}")
+    err.print(f"[bold red]error[/]: {escape(exc.message)}")
     if exc.hint:
-        err.print(f"  {exc.hint}")
+        err.print(f"  {escape(exc.hint)}")
     return typer.Exit(exc.exit_code)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from traceguard.checks.profiles import DEFAULT_PROFILE
@@ -125,7 +126,8 @@ def harness_table(
     try:
         sweep = orjson.loads((sweep_dir / "sweep.json").read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        err.print(f"[bold red]error[/]: {sweep_dir}/sweep.json is missing or not JSON ({exc})")
+        where = escape(str(sweep_dir / "sweep.json"))
+        err.print(f"[bold red]error[/]: {where} is missing or not JSON ({escape(str(exc))})")
         raise typer.Exit(2) from None
     rows = []
     for setting in sweep["settings"]:
@@ -134,7 +136,7 @@ def harness_table(
         try:
             report = analyze([str(bundle)], profile=profile).report
         except TraceguardError as exc:
-            err.print(f"[yellow]{setting['name']}[/]: {exc.message}")
+            err.print(f"[yellow]{escape(setting['name'])}[/]: {escape(exc.message)}")
             report = None
         rows.append(row(setting["name"], setting["options"], manifest, report))
     (sweep_dir / "results.json").write_bytes(

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 
 from traceguard.cli.common import TopoOpt, app, err, write
 from traceguard.errors import InputError, TraceguardError
@@ -35,7 +36,7 @@ def nccl_command(
         if side.nccl is None:
             raise InputError("; ".join(side.errors) or "no NCCL log could be read")
     except TraceguardError as exc:
-        err.print(f"[bold red]error[/]: {exc.message}")
+        err.print(f"[bold red]error[/]: {escape(exc.message)}")
         raise typer.Exit(exc.exit_code) from None
     if side.nccl.nccl_lines == 0:  # a log without connection lines is a partial log, not an error
         err.print("[bold red]error[/]: no NCCL log lines found; run the job with NCCL_DEBUG=INFO")

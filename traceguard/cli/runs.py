@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from traceguard.checks.profiles import DEFAULT_PROFILE, available
 from traceguard.cli.common import (
@@ -93,10 +94,10 @@ def record_command(
                 try:
                     intake = receive_path(ctx, session, run, path)
                 except InputError as exc:
-                    err.print(f"[yellow]skipped[/] {exc.message}")
+                    err.print(f"[yellow]skipped[/] {escape(exc.message)}")
                     continue
                 for row, _ in intake.files:
-                    err.print(f"stored {row.name} ({row.kind})")
+                    err.print(f"stored {escape(row.name)} ({row.kind})")
             job, _ = jobs.enqueue(session, run)
             run_id, job_id = run.id, job.id
         with ctx.factory() as session:  # the same claim and lease a service worker takes
@@ -110,7 +111,7 @@ def record_command(
     except TraceguardError as exc:
         raise fail(exc) from None
     if status != "succeeded" or stored is None:
-        err.print(f"[bold red]error[/]: run {run_id}: {job_row.error_code}: {job_row.error_message}")
+        err.print(f"[bold red]error[/]: run {run_id}: {job_row.error_code}: {escape(job_row.error_message or '')}")
         raise typer.Exit(2)
     report = stored.document
     warn_inputs(report)
@@ -181,7 +182,7 @@ def upload_command(
         elif spec.path.is_file():
             specs.append((spec.path, spec.rank))
         else:
-            err.print(f"[bold red]error[/]: {spec.path}: no such file")
+            err.print(f"[bold red]error[/]: {escape(str(spec.path))}: no such file")
             raise typer.Exit(2)
     client = Client(server, token)
     try:
@@ -202,11 +203,12 @@ def upload_command(
                     )
                     stored += len(result["files"])
                     for skipped in result["skipped"]:
-                        progress.console.print(f"[dim]skipped[/] {path.name}/{skipped['name']}: {skipped['reason']}")
+                        what = escape(f"{path.name}/{skipped['name']}: {skipped['reason']}")
+                        progress.console.print(f"[dim]skipped[/] {what}")
                 except ServiceError as exc:
                     if exc.status not in (415, 422):
                         raise
-                    progress.console.print(f"[yellow]skipped[/] {exc.message}")
+                    progress.console.print(f"[yellow]skipped[/] {escape(exc.message)}")
         if not stored:
             err.print("[bold red]error[/]: the service accepted none of the files")
             raise typer.Exit(2)
@@ -214,14 +216,16 @@ def upload_command(
         with err.status(f"analysing run {run['id']} (job {job['id']})", spinner="dots"):
             job = client.wait(job["id"], timeout=timeout)
         if job["status"] != "succeeded":
-            err.print(f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {job['error']['message']}")
+            err.print(
+                f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {escape(job['error']['message'])}"
+            )
             raise typer.Exit(2)
         report = client.report(run["id"]).json()
         comparison = None
         if baseline:
             base = client.newest_run(labels(baseline), exclude=run["id"])
             if base is None:
-                err.print(f"[yellow]no baseline[/]: no other analysed run has {', '.join(baseline)}")
+                err.print(f"[yellow]no baseline[/]: no other analysed run has {escape(', '.join(baseline))}")
             else:
                 comparison = client.compare(base["id"], run["id"])
     except ServiceError as exc:
