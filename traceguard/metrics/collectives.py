@@ -13,12 +13,17 @@ Definitions (DESIGN.md, "Collectives by type"), over a rank's NCCL kernels in th
   of two types overlap each other. **bytes**: Σ message size (``msg_bytes``: Kineto args, NCCL's
   NVTX payload) when every kernel of the group has one, else null (``bytes_known`` says how many
   had one). Per step: the same over the kernels attributed to the step; totals cover the window.
+  **issued_as** (totals): kernels per c10d operation whose ``nccl:<op>`` range (PyTorch's
+  profiler annotation, or its NVTX range under ``emit_nvtx``) holds the kernel's launch on the
+  launching thread, e.g. ``{"all_to_all": 32}`` for an all-to-all's SendRecv kernels.
 - **peer matrix** (point-to-point kernels, SendRecv/Send/Recv): per (rank, peer) ``kernels`` (P2P
   kernels that carried traffic with that peer), ``time_ns`` (Σ their durations: a grouped kernel
   serving two peers counts for both), ``sends``/``recvs`` (``ncclSend``/``ncclRecv`` calls naming
-  the peer, nsys only), ``bytes`` (Σ those calls' message sizes, or the kernels' ``msg_bytes``),
-  and ``source``, what named the peer: ``nccl_payload`` (the "Peer rank" of NCCL's NVTX payload,
-  an export made with ``--include-blobs=true``; a rank of the communicator), ``kineto_args``
+  the peer, nsys only; a call belongs to the next NCCL kernel its thread launches, as a grouped
+  call's kernel is launched at ``ncclGroupEnd``), ``bytes`` (Σ those calls' message sizes, or the
+  kernels' ``msg_bytes``; null when any is unknown), and ``source``, what named the peer:
+  ``nccl_payload`` (the "Peer rank" of NCCL's NVTX payload, an export made with
+  ``--include-blobs=true``; a rank of the communicator), ``kineto_args``
   (PyTorch's ``Dst Rank``/``Src Rank``, a global rank), or ``two_rank_group`` (nothing names it,
   but the communicator has two ranks, 0 and 1 — its size from the trace, else the run's world
   size, else the number of ranks analysed, DESIGN.md's rule for n — so the peer is the other one).
