@@ -105,7 +105,8 @@ API_CALLS_SCHEMA: dict[str, pl.DataType] = {
 
 #: NVTX push/pop and start/end ranges, or Kineto user annotations and ``ProfilerStep#N``.
 #: ``depth``/``parent`` describe nesting among ranges of the same (pid, tid); ``domain`` is null
-#: for the default domain. ``payload_bytes`` is an NCCL range's message size when recorded;
+#: for the default domain. ``payload_bytes`` is an NCCL range's message size when recorded (or, in
+#: Kineto, the input size of PyTorch's ``nccl:<op>`` annotation of a call whose input is the message);
 #: ``payload_peer`` the "Peer rank" of an NCCL ``ncclSend``/``ncclRecv`` range (its rank in the
 #: communicator) when the export carries NCCL's NVTX payloads (``--include-blobs=true``).
 RANGES_SCHEMA: dict[str, pl.DataType] = {

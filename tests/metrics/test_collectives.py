@@ -428,3 +428,28 @@ def test_hta_kineto_operations_from_user_annotations() -> None:
         {(row["collective"], op): n for row in rank.collectives_by_type["totals"] for op, n in row["issued_as"].items()}
     )
     assert got == expected and expected[("SendRecv", "all_to_all")] == 42
+
+
+def test_kineto_sizes_from_nccl_annotations_when_kernels_carry_none() -> None:
+    """HTA's control trace (an older PyTorch: no collective args on kernels): each kernel's size
+    is its ``nccl:all_reduce``/``nccl:all_to_all`` annotation's first input, elements × element
+    size, as plain json gives it; the AllReduce payload per step follows."""
+    path = public_kineto("trace_diff__control")
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    element = {"float": 4, "int": 4, "long": 8, "unsigned char": 1, "signed char": 1}
+    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    annotations = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")]
+    expected: Counter[str] = Counter()
+    for kernel in _kineto_kernels(path):
+        assert "In msg nelems" not in kernel["args"]
+        launch = launches[kernel["args"]["correlation"]]
+        t = launch["ts"]
+        (note,) = [a for a in annotations if a["tid"] == launch["tid"] and a["ts"] <= t <= a["ts"] + a["dur"]]
+        dims, kind = note["args"]["Input Dims"][0], note["args"]["Input type"][0]
+        expected[KERNEL_TYPE.match(kernel["name"]).group(1)] += element[kind] * int(np.prod(dims))
+    (rank,) = _analyse([path], ("window",)).ranks
+    assert {r["collective"]: r["bytes"] for r in rank.collectives_by_type["totals"]} == dict(expected)
+    assert rank.metrics["gradient_reduction_collective"] == "AllReduce"
+    per_step = rank.metrics["gradient_reduction_bytes_per_step"]
+    assert per_step == expected["AllReduce"] / rank.metrics["step_count"]

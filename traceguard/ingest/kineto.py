@@ -25,6 +25,7 @@ event. Whole read: ~3.6 s and 1.67 GB peak RSS (4.3 s from ``.json.gz``).
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
@@ -121,6 +122,9 @@ class _Args(msgspec.Struct, gc=False):
     # Point-to-point peers (PyTorch >= 2.4 profiler, global ranks): send → "Dst Rank", recv → "Src Rank".
     dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
     src_rank: Any = msgspec.field(default=None, name="Src Rank")
+    # record_function inputs (``nccl:all_reduce`` annotations of traces without collective args).
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
 
 
 _NO_ARGS = _Args()
@@ -306,6 +310,56 @@ def _int(values: list[Any]) -> pl.Series:
     return pl.Series(values, dtype=pl.Int64, strict=False)
 
 
+#: C++ element types as ``record_function`` writes them in ``Input type`` (``c10::`` dropped).
+INPUT_TYPE_SIZES: dict[str, int] = {
+    "float": 4,
+    "double": 8,
+    "half": 2,
+    "bfloat16": 2,
+    "int": 4,
+    "unsigned int": 4,
+    "long": 8,
+    "long int": 8,
+    "long long": 8,
+    "int64_t": 8,
+    "short": 2,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "char": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+#: c10d calls whose input tensor is the whole message (input and output the same size).
+_SAME_SIZE_CALLS = {"all_reduce", "allreduce", "all_to_all", "alltoall", "alltoall_base", "broadcast", "reduce"}
+_SAME_SIZE_CALLS |= {"send", "recv"}
+
+
+def _annotation_bytes(items: list[_Event]) -> pl.Series:
+    """``payload_bytes`` of ranges: for PyTorch's ``nccl:<op>`` annotation of a call whose input
+    is the whole message (all_reduce, all_to_all, broadcast, reduce, send, recv), the first
+    input's elements (``Input Dims``) × its element size (``Input type``): older traces carry the
+    size only there. Python runs for those few annotations only."""
+    names = _column(items, "name")
+    out: list[int | None] = [None] * len(items)
+    for i, name in enumerate(names):
+        if not (isinstance(name, str) and name.startswith("nccl:")):
+            continue
+        op = name[5:].split(",")[0].strip()
+        args = items[i].args
+        if op not in _SAME_SIZE_CALLS or args is None:
+            continue
+        dims, types = args.input_dims, args.input_type
+        if not (isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list) and types):
+            continue
+        size = INPUT_TYPE_SIZES.get(str(types[0]).removeprefix("c10::").strip().lower())
+        if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
+            continue
+        out[i] = size * math.prod(dims[0])
+    return pl.Series("payload_bytes", out, dtype=pl.Int64)
+
+
 def _rank_arg(values: list[Any]) -> pl.Series:
     """A rank written as a number or as its text (PyTorch writes collective metadata as strings)."""
     if values.count(None) == len(values):  # C-level scan: most traces have no point-to-point args
@@ -412,7 +466,7 @@ def _normalize(events: list[_Event], top: _Trace, shown: str) -> Capture:
     usable = (pl.col("ph") == "X") & pl.col("start").is_not_null()
     api = api.filter(usable)
     gpu = _gpu_ops(gpu_items, gpu_kinds).filter(usable)
-    ranges = _base_frame(range_items).filter(usable)
+    ranges = _base_frame(range_items).with_columns(payload_bytes=_annotation_bytes(range_items)).filter(usable)
     del api_items, gpu_items, range_items
 
     processes, gpu_pids = _processes(meta_items)

@@ -265,8 +265,10 @@ def _no_steps_reason(capture: Capture) -> str:
 
 
 def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    """Fill NCCL kernels' ``msg_bytes`` from the NCCL NVTX range around their launch call."""
-    payload = ranges.filter((pl.col("domain") == NCCL_DOMAIN) & pl.col("payload_bytes").is_not_null())
+    """Fill NCCL kernels' ``msg_bytes`` from the NCCL NVTX range around their launch call, or
+    (traces without collective args) PyTorch's ``nccl:<op>`` annotation around it."""
+    sized = (pl.col("domain") == NCCL_DOMAIN) | pl.col("name").str.starts_with("nccl:")
+    payload = ranges.filter(sized & pl.col("payload_bytes").is_not_null())
     wanted = pl.col("is_nccl") & pl.col("msg_bytes").is_null()
     if payload.height == 0:
         return ops
