@@ -341,12 +341,10 @@ def _annotation_bytes(items: list[_Event]) -> pl.Series:
     is the whole message (all_reduce, all_to_all, broadcast, reduce, send, recv), the first
     input's elements (``Input Dims``) × its element size (``Input type``): older traces carry the
     size only there. Python runs for those few annotations only."""
-    names = _column(items, "name")
+    names = _str(_column(items, "name"))
     out: list[int | None] = [None] * len(items)
-    for i, name in enumerate(names):
-        if not (isinstance(name, str) and name.startswith("nccl:")):
-            continue
-        op = name[5:].split(",")[0].strip()
+    for i in names.str.starts_with("nccl:").fill_null(False).arg_true().to_list():
+        op = str(names[i])[5:].split(",")[0].strip()
         args = items[i].args
         if op not in _SAME_SIZE_CALLS or args is None:
             continue
