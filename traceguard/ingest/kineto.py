@@ -334,17 +334,20 @@ INPUT_TYPE_SIZES: dict[str, int] = {
 #: c10d calls whose input tensor is the whole message (input and output the same size).
 _SAME_SIZE_CALLS = {"all_reduce", "allreduce", "all_to_all", "alltoall", "alltoall_base", "broadcast", "reduce"}
 _SAME_SIZE_CALLS |= {"send", "recv"}
+#: PyTorch's profiler annotation of a c10d call: ``<backend>:<op>``.
+_C10D_ANNOTATION = r"^(?:nccl|gloo|mpi|ucc|xccl):"
 
 
 def _annotation_bytes(items: list[_Event]) -> pl.Series:
-    """``payload_bytes`` of ranges: for PyTorch's ``nccl:<op>`` annotation of a call whose input
-    is the whole message (all_reduce, all_to_all, broadcast, reduce, send, recv), the first
-    input's elements (``Input Dims``) × its element size (``Input type``): older traces carry the
+    """``payload_bytes`` of ranges: for PyTorch's ``nccl:<op>`` (or ``gloo:<op>``, ``mpi:``,
+    ``ucc:``) annotation of a call whose input is the whole message (all_reduce, all_to_all,
+    broadcast, reduce, send, recv), the first input's elements (``Input Dims``) × its element size
+    (``Input type``), recorded with ``record_shapes=True``: older traces, and gloo's, carry the
     size only there. Python runs for those few annotations only."""
     names = _str(_column(items, "name"))
     out: list[int | None] = [None] * len(items)
-    for i in names.str.starts_with("nccl:").fill_null(False).arg_true().to_list():
-        op = str(names[i])[5:].split(",")[0].strip()
+    for i in names.str.contains(_C10D_ANNOTATION).fill_null(False).arg_true().to_list():
+        op = str(names[i]).split(":", 1)[1].split(",")[0].strip()
         args = items[i].args
         if op not in _SAME_SIZE_CALLS or args is None:
             continue
