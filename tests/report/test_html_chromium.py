@@ -217,6 +217,9 @@ def test_collective_type_chart_and_peer_heatmap_render(browser, mfu_page) -> Non
             str(expected[0][0]),
             str(expected[1][0]),
         ]
+        for rank in (0, 1):
+            cells = page.locator(f"#peer-table tr[data-rank='{rank}'][data-peer='{1 - rank}'] td")
+            assert cells.nth(2).inner_text() == str(expected[rank][0])
     finally:
         context.close()
 

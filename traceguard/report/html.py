@@ -216,9 +216,23 @@ def _collectives_table(doc: dict[str, Any], collective: str | None = None) -> li
         if len(per_step) > MAX_STEP_ROWS:
             parts.append(f"<p class='muted'>{len(per_step) - MAX_STEP_ROWS} more rows in the JSON report.</p>")
         parts.append("</details>")
-    reason = (doc["run"].get("peer_matrix") or {}).get("null_reason")
-    if reason:
-        parts.append(f"<p class='muted' id='peer-null-reason'>Peers not named: {_e(reason)}</p>")
+    matrix = doc["run"].get("peer_matrix") or {}
+    if matrix.get("rows"):
+        parts.append(
+            "<h3>Point-to-point peers</h3><table id='peer-table'><tr><th>rank</th><th>peer</th><th>kernels</th>"
+            "<th>time</th><th>sends</th><th>recvs</th><th>bytes</th><th>peer named by</th></tr>"
+        )
+        for row in matrix["rows"]:
+            parts.append(
+                f"<tr data-rank='{_e(row['rank'])}' data-peer='{_e(row['peer'])}'><td>{_e(row['rank'])}</td>"
+                f"<td>{_e(row['peer'])}</td><td>{_e(row['kernels'])}</td>"
+                f"<td>{_e(value_h('time_ns', row['time_ns']))}</td>"
+                f"<td>{_e(value_h('sends', row['sends']))}</td><td>{_e(value_h('recvs', row['recvs']))}</td>"
+                f"<td>{_e(value_h('bytes', row['bytes']))}</td><td>{_e(row['source'])}</td></tr>"
+            )
+        parts.append("</table>")
+    if matrix.get("null_reason"):
+        parts.append(f"<p class='muted' id='peer-null-reason'>Peers not named: {_e(matrix['null_reason'])}</p>")
     return parts
 
 
