@@ -117,6 +117,9 @@ class CollectiveTypeRow(BaseModel):
     time_ns: int = Field(description="union of the type's kernel intervals per device, summed over devices")
     exposed_ns: int = Field(description="the part of time_ns no compute kernel covers on the same device")
     bytes: int | None = Field(description="Σ message sizes when every kernel has one, else null")
+    issued_as: dict[str, int] | None = Field(
+        default=None, description="totals: kernels per framework operation that issued them (e.g. all_to_all)"
+    )
 
 
 class PeerRow(BaseModel):

@@ -57,6 +57,10 @@ def test_links_and_steps_by_collective_on_a_p2p_capture(api: Api, mfu_report: di
         for t in links["collectives_by_type"]
     ] == expected_types
     assert all(t["step_index"] is None for t in links["collectives_by_type"])
+    assert [t["issued_as"] for t in links["collectives_by_type"]] == [
+        t["issued_as"] for r in mfu_report["ranks"] for t in r["collectives_by_type"]["totals"]
+    ]
+    assert all(t["issued_as"] == {"all_to_all": t["count"]} for t in links["collectives_by_type"])
     keys = ("rank", "peer", "kernels", "time_ns", "sends", "recvs", "bytes", "source")
     assert [tuple(p[k] for k in keys) for p in links["peers"]] == [
         tuple(p[k] for k in keys) for p in mfu_report["run"]["peer_matrix"]["rows"]

@@ -164,6 +164,7 @@ def save_results(
                     time_ns=row["time_ns"],
                     exposed_ns=row["exposed_ns"],
                     bytes=row.get("bytes"),
+                    issued_as=row.get("issued_as"),
                 )
             )
         for row in (rank.get("peers") or {}).get("rows", []):

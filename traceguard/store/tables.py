@@ -283,7 +283,8 @@ class CollectiveType(Base):
     """Collectives by type of one rank (DESIGN.md "Collectives by type"): ``step_index`` null for
     the rank's totals over the analysis window, else one step. ``time_ns`` union of the type's
     kernel time per device; ``exposed_ns`` the part no compute kernel covers; ``bytes`` Σ message
-    sizes when every kernel has one, else null."""
+    sizes when every kernel has one, else null; ``issued_as`` (totals rows) kernels per framework
+    operation that issued them, e.g. {"all_to_all": 32}."""
 
     __tablename__ = "collective_types"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -295,6 +296,7 @@ class CollectiveType(Base):
     time_ns: Mapped[int] = mapped_column(BigInteger)
     exposed_ns: Mapped[int] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    issued_as: Mapped[dict[str, int] | None] = mapped_column(JSONType, nullable=True)
     __table_args__ = (
         Index("ix_collective_types_run_rank_index", "run_id", "rank", "step_index"),
         Index("ix_collective_types_run_collective", "run_id", "collective"),
