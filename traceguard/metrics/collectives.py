@@ -250,7 +250,8 @@ def by_type(
     ``nccl_ops``: the window's NCCL kernels with ``collective``, ``device``, ``start``, ``end``,
     ``msg_bytes`` and ``step_id``; ``cover``: the window's compute kernels (None: exposed = time);
     ``step_index``: step_id → index of the rank's steps (None or empty: no steps, totals only).
-    Rows: {collective, count, time_ns, exposed_ns, bytes, bytes_known} (+ step_index)."""
+    Rows: {collective, count, time_ns, exposed_ns, bytes, bytes_known}, per step with
+    ``step_index``; totals also ``issued_as`` (needs the ``operation`` of :func:`with_operation`)."""
     out: dict[str, Any] = {"totals": [], "steps": [], "null_reasons": {}}
     if nccl_ops.height == 0:
         return out
