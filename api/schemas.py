@@ -174,12 +174,14 @@ class MetricDelta(BaseModel):
     head: Any
     delta: float | None
     relative: float | None
+    delta_pp: float | None = Field(default=None, description="head − base in percentage points (shares only)")
 
 
 class CheckChange(BaseModel):
     id: str
     base: str | None
     head: str | None
+    regression: bool = Field(default=False, description="the base passed, the head warns or fails")
 
 
 class Comparison(BaseModel):
@@ -190,6 +192,14 @@ class Comparison(BaseModel):
     head_verdict: str
     metrics: list[MetricDelta]
     changed_checks: list[CheckChange]
+    regressions: list[str] = Field(default_factory=list, description="checks the base passed and the head does not")
+    fail_regressions: list[str] = Field(default_factory=list, description="regressions the head fails")
+    steps: list[dict[str, Any]] = Field(
+        default_factory=list, description="per (rank, step index): <field>_base/_head/_delta (report/compare.py)"
+    )
+    collectives: list[dict[str, Any]] = Field(
+        default_factory=list, description="per collective type: count, time_ns, exposed_ns, bytes base/head/delta"
+    )
 
 
 class ProfilePublic(BaseModel):

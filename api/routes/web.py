@@ -19,7 +19,7 @@ from api.errors import ApiError
 from traceguard.checks.profiles import available
 from traceguard.errors import TraceguardError
 from traceguard.report import html as html_report
-from traceguard.report.compare import compare
+from traceguard.report.compare import change_text, compare
 from traceguard.report.units import value_h
 from traceguard.service.analysis import report_for
 from traceguard.store import access, results
@@ -217,14 +217,7 @@ def compare_page(
     comparison = compare(docs[0], docs[1])
     for m in comparison["metrics"]:
         m["base_text"], m["head_text"] = value_h(m["metric"], m["base"]), value_h(m["metric"], m["head"])
-        if m["delta"] is None:
-            m["change_text"] = ""
-        elif m["base_text"].endswith("%"):  # a share: the change in percentage points says more
-            m["change_text"] = f"{100 * m['delta']:+.1f} pp"
-        elif m["relative"] is not None:
-            m["change_text"] = f"{100 * m['relative']:+.1f} %"
-        else:
-            m["change_text"] = f"{m['delta']:+g}"
+        m["change_text"] = change_text(m["metric"], m["delta"], m["relative"])  # shares in points
     return templates.TemplateResponse(
         request,
         "compare.html",

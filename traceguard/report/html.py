@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 from traceguard.checks.rules import format_value
 from traceguard.report.nccl import pair_transports, transport_order
 from traceguard.report.steps import step_sources_line
+from traceguard.report.timeline import timeline_figure
 from traceguard.report.units import value_h
 
 _STATUS_COLOUR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
@@ -324,6 +325,7 @@ def render(
     parts.append("</table><h2>Charts</h2>")
     for fig_id, fig in (
         ("step-breakdown", step_breakdown_figure(doc)),
+        ("timeline", timeline_figure(doc)),
         ("nccl-share", nccl_share_figure(doc)),
         ("transport-matrix", transport_figure(doc)),
         ("collectives-by-type", collectives_by_type_figure(doc)),
