@@ -453,3 +453,34 @@ def test_kineto_sizes_from_nccl_annotations_when_kernels_carry_none() -> None:
     assert rank.metrics["gradient_reduction_collective"] == "AllReduce"
     per_step = rank.metrics["gradient_reduction_bytes_per_step"]
     assert per_step == expected["AllReduce"] / rank.metrics["step_count"]
+
+
+def test_allgather_and_reducescatter_payloads_are_one_ranks_share() -> None:
+    """NCCL's NVTX payload is AllGather's send size and ReduceScatter's receive size (NCCL's
+    collectives.cc); msg_bytes counts the larger buffer (nccl-tests), so those are × n."""
+    from traceguard.metrics.rank import _with_nccl_payload
+
+    calls = ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast"]
+    ranges = pl.DataFrame(
+        {
+            "pid": [1] * 4,
+            "tid": [1] * 4,
+            "start": [0, 100, 200, 300],
+            "end": [50, 150, 250, 350],
+            "name": calls,
+            "domain": ["NCCL"] * 4,
+            "payload_bytes": [4096, 1024, 1024, 512],
+        }
+    )
+    ops = pl.DataFrame(
+        {
+            "is_nccl": [True] * 4,
+            "msg_bytes": pl.Series([None] * 4, dtype=pl.Int64),
+            "pid": [1] * 4,
+            "launch_tid": [1] * 4,
+            "launch_start": [10, 110, 210, 310],
+        }
+    )
+    assert _with_nccl_payload(ops, ranges, group_size=8)["msg_bytes"].to_list() == [4096, 8192, 8192, 512]
+    unknown = _with_nccl_payload(ops, ranges, group_size=None)["msg_bytes"].to_list()
+    assert unknown == [4096, None, None, 512]

@@ -30,7 +30,8 @@ Definitions (DESIGN.md, "Collectives by type"), over a rank's NCCL kernels in th
 - **gradient-reduction payload**: DDP reduces gradients with all-reduce, FSDP/ZeRO with
   reduce-scatter; of the two, the collective with the larger known payload inside the steps
   carries the gradients, and its payload ÷ steps is ``gradient_reduction_bytes_per_step``.
-  Caveat: NCCL's NVTX payload records a reduce-scatter's *output* (per-rank) size, Kineto the input.
+  NCCL's NVTX payload of a reduce-scatter is its output (one rank's share); the rank metrics
+  multiply it by the communicator size to give the input, as Kineto's args do.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ P2P_TYPES: tuple[str, ...] = ("SendRecv", "Send", "Recv")
 #: The collectives that can carry a gradient reduction (DDP, FSDP/ZeRO).
 GRADIENT_TYPES: tuple[str, ...] = ("AllReduce", "ReduceScatter")
 OTHER = "Other"
+#: NCCL calls whose NVTX payload is one rank's share of the message (AllGather: the send size;
+#: ReduceScatter: the receive size), not the larger buffer nccl-tests counts.
+PER_RANK_PAYLOAD_CALLS: tuple[str, ...] = ("ncclAllGather", "ncclReduceScatter")
 #: NCCL's own point-to-point calls (its NVTX domain names its ranges after the API call).
 P2P_CALLS = {"ncclSend": "send", "ncclRecv": "recv"}
 

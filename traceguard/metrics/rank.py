@@ -78,7 +78,7 @@ def analyse_rank(
     phases = find_phases(capture.ranges, steps) if not resolved.gpu_timed else find_phases(capture.ranges, steps[:0])
     ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases, gpu_timed=resolved.gpu_timed)
     ops = nccl.mark_nccl(ops, capture.strings, collective=False)  # collective: on NCCL rows below
-    ops = _with_nccl_payload(ops, capture.ranges)
+    ops = _with_nccl_payload(ops, capture.ranges, group_size=info.world_size or ranks_analysed)
     spans = step_spans(ops)
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
@@ -268,11 +268,21 @@ def _no_steps_reason(capture: Capture) -> str:
     )
 
 
-def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame, *, group_size: int | None = None) -> pl.DataFrame:
     """Fill NCCL kernels' ``msg_bytes`` from the NCCL NVTX range around their launch call, or
-    (traces without collective args) PyTorch's ``nccl:<op>`` annotation around it."""
+    (traces without collective args) PyTorch's ``nccl:<op>`` annotation around it.
+
+    NCCL's payload of ``ncclAllGather`` is the send size and of ``ncclReduceScatter`` the
+    receive size: one rank's share. ``msg_bytes`` follows nccl-tests (the larger buffer), so
+    those are multiplied by the communicator size (``group_size``: the run's world size or the
+    number of ranks analysed, DESIGN.md's rule for n); without it they stay unknown."""
     sized = (pl.col("domain") == NCCL_DOMAIN) | pl.col("name").str.starts_with("nccl:")
     payload = ranges.filter(sized & pl.col("payload_bytes").is_not_null())
+    per_rank = (pl.col("domain") == NCCL_DOMAIN) & pl.col("name").is_in(list(collectives.PER_RANK_PAYLOAD_CALLS))
+    whole = pl.col("payload_bytes") * group_size if group_size else pl.lit(None, dtype=pl.Int64)
+    payload = payload.with_columns(
+        pl.when(per_rank.fill_null(False)).then(whole).otherwise(pl.col("payload_bytes")).alias("payload_bytes")
+    )
     wanted = pl.col("is_nccl") & pl.col("msg_bytes").is_null()
     if payload.height == 0:
         return ops
