@@ -142,3 +142,42 @@ class Client:
 
     def compare(self, base: int, head: int) -> dict[str, Any]:
         return self._call("GET", "/v1/compare", params={"base": base, "head": head}).json()
+
+    def runs(
+        self,
+        *,
+        labels: dict[str, str] | None = None,
+        status: str | None = None,
+        created_after: str | None = None,
+        created_before: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of ``GET /v1/runs`` (newest first): ``{"runs": [...], "next_cursor": ...}``."""
+        params: dict[str, Any] = {"label": [f"{k}:{v}" for k, v in (labels or {}).items()], "limit": limit}
+        for key, value in (
+            ("status", status),
+            ("created_after", created_after),
+            ("created_before", created_before),
+            ("cursor", cursor),
+        ):
+            if value is not None:
+                params[key] = value
+        return self._call("GET", "/v1/runs", params=params).json()
+
+    def steps(
+        self,
+        run_id: int,
+        *,
+        rank: int | None = None,
+        phase: str | None = None,
+        collective: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """``GET /v1/runs/{id}/steps``: step rows with their phases and collectives by type."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        for key, value in (("rank", rank), ("phase", phase), ("collective", collective)):
+            if value is not None:
+                params[key] = value
+        return self._call("GET", f"/v1/runs/{run_id}/steps", params=params).json()["steps"]

@@ -29,6 +29,10 @@ from traceguard.cli import analysis, harness, nccl, runs, service
 from traceguard.cli.common import app
 
 __all__ = ["analysis", "app", "console_main", "harness", "nccl", "runs", "service"]
+# compare, export (two runs; a run's timeline) and runs, steps (stored runs), registered after the others.
+from traceguard.cli import compare, query
+
+__all__ += ["compare", "query"]
 
 
 def console_main() -> None:

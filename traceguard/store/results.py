@@ -349,3 +349,65 @@ def connections(session: Session, run_id: int) -> list[Connection]:
 
 def check_results(session: Session, run_id: int) -> list[CheckResult]:
     return list(session.scalars(select(CheckResult).where(CheckResult.run_id == run_id).order_by(CheckResult.id)))
+
+
+def step_records(
+    session: Session,
+    run_id: int,
+    *,
+    rank: int | None = None,
+    phase: str | None = None,
+    collective: str | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Step rows as ``GET /v1/runs/{id}/steps`` returns them (``traceguard steps`` on the embedded
+    store): each with its ``phases`` (only ``phase`` when given; steps without it are left out) and
+    its ``collectives`` by type (with ``collective``: only the steps that ran it, only its rows)."""
+    steps = query_steps(
+        session, run_id, rank=rank, from_step=from_step, to_step=to_step, collective=collective, limit=limit,
+        offset=offset,
+    )
+    phases: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for p in phases_of_steps(session, run_id, steps, phase):
+        phases.setdefault((p.rank, p.step_index), []).append(
+            {"phase": p.phase, "cpu_ns": p.cpu_ns, "gpu_ns": p.gpu_ns, "nccl_ns": p.nccl_ns, "nccl_share": p.nccl_share}
+        )
+    types: dict[tuple[int, int | None], list[dict[str, Any]]] = {}
+    for c in collective_types(session, run_id, collective=collective, steps=steps):
+        types.setdefault((c.rank, c.step_index), []).append(
+            {
+                "rank": c.rank,
+                "step_index": c.step_index,
+                "collective": c.collective,
+                "count": c.count,
+                "time_ns": c.time_ns,
+                "exposed_ns": c.exposed_ns,
+                "bytes": c.bytes,
+            }
+        )
+    rows = []
+    for s in steps:
+        key = (s.rank, s.step_index)
+        if phase is not None and key not in phases:
+            continue
+        rows.append(
+            {
+                "rank": s.rank,
+                "step_index": s.step_index,
+                "name": s.name,
+                "cpu_ns": s.cpu_ns,
+                "gpu_span_ns": s.gpu_span_ns,
+                "nccl_ns": s.nccl_ns,
+                "nccl_share": s.nccl_share,
+                "dtod_bytes": s.dtod_bytes,
+                "dtod_copies": s.dtod_copies,
+                "peer_bytes": s.peer_bytes,
+                "peer_copies": s.peer_copies,
+                "phases": phases.get(key, []),
+                "collectives": types.get(key, []),
+            }
+        )
+    return rows
