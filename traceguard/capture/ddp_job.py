@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from traceguard.capture.workload_jobs import COMM_DTYPES, WORKLOADS, Workload, record_of
+from traceguard.capture.workload_jobs import build as build_workload
 
 PHASES = ("get batch", "forward", "backward", "optimizer step")
 
@@ -43,9 +47,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup", type=int, default=3, help="untimed, unprofiled steps")
     p.add_argument("--timed", type=int, default=5, help="steps timed for throughput (not profiled)")
+    p.add_argument("--repeats", type=int, default=1, help="times the timed steps are run (median and spread)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None)
-    p.add_argument("--comm", choices=["ddp", "cpu-staged", "none"], default="ddp")
+    p.add_argument(
+        "--comm",
+        choices=["ddp", "cpu-staged", "allreduce", "none"],
+        default="ddp",
+        help="allreduce: one explicit all_reduce (AVG) of the flattened gradients after backward, no DDP",
+    )
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--no-bucket-view", dest="bucket_view", action="store_false")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -54,7 +64,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--powersgd-start-iter", type=int, default=2)
     p.add_argument("--capture", choices=["nsys", "torch", "none"], default="none")
     p.add_argument("--num-workers", type=int, default=0)
-    return p.parse_args(argv)
+    # Workloads beyond DDP (workload_jobs.py); --comm and the DDP options apply to ddp only.
+    p.add_argument("--workload", choices=list(WORKLOADS), default="ddp")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline: microbatches per batch")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline schedule")
+    p.add_argument("--p2p", choices=["blocking", "batched"], default="blocking", help="pipeline: send/recv calls")
+    p.add_argument("--comm-dtype", choices=list(COMM_DTYPES), default="fp32", help="broadcast-reduce payload dtype")
+    p.add_argument("--async", dest="async_op", action="store_true", help="broadcast-reduce: async_op=True, then wait")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture forward+backward+gradient all-reduce+optimizer step as one CUDA graph and replay it "
+        "every step (needs CUDA; --comm ddp becomes allreduce, which the graph holds)",
+    )
+    args = p.parse_args(argv)
+    if args.cuda_graphs:
+        if not torch.cuda.is_available():
+            p.error("--cuda-graphs needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+        if args.comm == "cpu-staged":
+            p.error("--cuda-graphs cannot hold --comm cpu-staged (host copies do not replay in a CUDA graph)")
+        if args.comm == "ddp":
+            # DDP's reducer hooks are not captured into a graph; an explicit all-reduce is (Megatron-style).
+            args.comm = "allreduce"
+        if args.num_workers:
+            p.error("--cuda-graphs reads batches in the main process: leave --num-workers at 0")
+    return args
 
 
 class _Nvtx:
@@ -144,6 +178,29 @@ def cpu_staged_allreduce(model: nn.Module, group: Any, world: int) -> None:
         p.grad.copy_(staged.div_(world).to(p.grad.device, non_blocking=False))
 
 
+def allreduce_gradients(params: list[nn.Parameter]) -> None:
+    """Average the gradients over ranks with ONE all-reduce of a flat buffer (op AVG).
+
+    Capturable in a CUDA graph (no host sync, fixed shapes). AVG rather than SUM: on a one-rank
+    NCCL communicator an in-place SUM launches nothing at all, while AVG (NCCL's PreMulSum) still
+    runs a GPU kernel, so a world-size-1 job shows the collective in its traces. Gloo has no AVG:
+    there it is SUM, then a division.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if dist.get_backend() == "nccl":
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+    else:
+        dist.all_reduce(flat)
+        flat.div_(dist.get_world_size())
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -183,13 +240,14 @@ def _train(
     distributed = dist.is_initialized()
     nvtx = _Nvtx()
     torch.manual_seed(0)
+    comm = args.comm if args.workload == "ddp" else "none"  # the other workloads communicate their own way
 
     model, shape, classes = build_model(args)
     model = model.to(device)
     module: nn.Module = model
     ddp_info: dict[str, Any] = {"enabled": False}
     staged_group = None
-    if distributed and args.comm == "ddp":
+    if distributed and comm == "ddp":
         ddp = nn.parallel.DistributedDataParallel(
             model,
             device_ids=[local_rank] if cuda else None,
@@ -211,10 +269,12 @@ def _train(
             "registered_comm_hook": logged.get("comm_hook") or None,
             "backend": logged.get("backend_name"),
         }
-    elif distributed and args.comm == "cpu-staged":
+    elif distributed and comm == "cpu-staged":
         staged_group = dist.new_group(backend="gloo")
+    explicit_allreduce = distributed and comm == "allreduce"
 
-    total_steps = args.warmup + args.timed + args.steps + 1
+    # +2: a graphed job takes one batch for its static buffers and warms up on at least 3 steps.
+    total_steps = max(args.warmup, 3) + args.timed * max(args.repeats, 1) + args.steps + 2
     data = SyntheticImages(total_steps * args.batch_size, shape, classes)
     loader = torch.utils.data.DataLoader(
         data, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=cuda, drop_last=True
@@ -222,6 +282,10 @@ def _train(
     opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     batches = iter(loader)
+    workload: Workload | None = None
+    if args.workload != "ddp":
+        workload = build_workload(args, model, batches, rank=rank, world=world, device=device, nvtx=nvtx)
+        model = workload.module
 
     def step(index: int) -> None:
         with nvtx.range(f"Batch {index}"):
@@ -234,9 +298,22 @@ def _train(
                 loss.backward()
                 if staged_group is not None:
                     cpu_staged_allreduce(model, staged_group, world)
+                if explicit_allreduce:
+                    allreduce_gradients(list(model.parameters()))
             with nvtx.range("optimizer step"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+
+    graphed: GraphedStep | None = None
+    if args.cuda_graphs:
+        graphed = GraphedStep(
+            model, opt, loss_fn, batches, device, nvtx, allreduce=explicit_allreduce, warmup=max(args.warmup, 3)
+        )
+        step = graphed.step  # every step from here on replays the graph
+    if workload is not None:
+        step = workload.step
+
+    capture_pending = graphed is not None
 
     def sync() -> None:
         if cuda:
@@ -244,18 +321,23 @@ def _train(
         if distributed:
             dist.barrier()
 
-    index = 0
-    for _ in range(args.warmup):
+    index = 0 if graphed is None else graphed.warmup
+    if graphed is not None and args.capture == "none":
+        graphed.capture()  # nothing traces this job: capture now, before the timed replays
+        capture_pending = False
+    for _ in range(args.warmup if graphed is None else 0):
         step(index)
         index += 1
     sync()
-    t0 = time.perf_counter()
-    for _ in range(args.timed):
-        step(index)
-        index += 1
-    sync()
-    elapsed = time.perf_counter() - t0
-    throughput = args.timed / elapsed if args.timed else None
+    repeats: list[float] = []  # steps/s of each run of the timed steps
+    for _ in range(max(args.repeats, 1) if args.timed and not capture_pending else 0):
+        t0 = time.perf_counter()
+        for _ in range(args.timed):
+            step(index)
+            index += 1
+        sync()
+        repeats.append(args.timed / (time.perf_counter() - t0))
+    throughput = statistics.median(repeats) if repeats else None
 
     trace_path = None
     if args.capture == "torch":
@@ -269,8 +351,14 @@ def _train(
         with torch.profiler.profile(
             activities=activities,
             schedule=schedule,
+            # Shapes give the c10d annotations (gloo:send, gloo:broadcast, ...) their payload sizes.
+            record_shapes=args.workload != "ddp",
             on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
         ) as prof:
+            if capture_pending:
+                # Captured while the profiler runs (its warm-up step): CUPTI sees graph nodes only
+                # of graphs instantiated while it traces.
+                graphed.capture()
             for profiled in range(args.steps + 1):
                 step(index)
                 index += 1
@@ -285,12 +373,23 @@ def _train(
             # different times; without this barrier the first captured step of the earlier rank
             # is mostly NCCL waiting for the later one.
             sync()
+        if capture_pending:
+            # Inside the capture range, so nsys --cuda-graph-trace=node sees the graph instantiated.
+            graphed.capture()
         for _ in range(args.steps):
             step(index)
             index += 1
         sync()
         if cuda and args.capture == "nsys":
             torch.cuda.profiler.stop()
+    if capture_pending:
+        # Throughput of graph replays, measured after the captured steps (the graph was made inside them).
+        t0 = time.perf_counter()
+        for _ in range(args.timed):
+            step(index)
+            index += 1
+        sync()
+        throughput = args.timed / (time.perf_counter() - t0) if args.timed else None
 
     record = {
         "rank": rank,
@@ -306,15 +405,91 @@ def _train(
         "host": platform.node(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "ddp": ddp_info,
-        "comm": args.comm,
+        "comm": comm,
+        "workload": record_of(workload) if workload is not None else {"name": "ddp"},
+        "cuda_graphs": graphed.describe() if graphed is not None else None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "throughput_steps_per_s": throughput,
+        "throughput_repeats_steps_per_s": repeats,
         "profiled_steps": args.steps,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_", "CUDA_"))},
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_", "CUDA_", "GLOO_", "OMP_"))},
         "trace": trace_path.name if trace_path else None,
     }
     return record
+
+
+class GraphedStep:
+    """The training step as one CUDA graph: forward, backward, gradient all-reduce, optimizer step.
+
+    ``torch.cuda.graphs`` whole-network capture: static input buffers, ``warmup`` eager steps on a
+    side stream first (cuBLAS workspaces, optimizer state and the NCCL communicator must exist before
+    capture), then one capture; each step copies its batch into the static buffers (``get batch``)
+    and replays the graph inside a ``graph replay`` range. NVTX ranges recorded during the capture
+    are not replayed, so ``forward``/``backward`` exist only around the capture itself.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        loss_fn: nn.Module,
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+        device: torch.device,
+        nvtx: _Nvtx,
+        *,
+        allreduce: bool,
+        warmup: int,
+    ) -> None:
+        self.model, self.opt, self.loss_fn, self.batches = model, opt, loss_fn, batches
+        self.device, self.nvtx, self.allreduce, self.warmup = device, nvtx, allreduce, warmup
+        x, y = next(batches)
+        self.static_x, self.static_y = x.to(device), y.to(device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for index in range(warmup):
+                with nvtx.range(f"Batch {index}"):
+                    self.opt.zero_grad(set_to_none=True)
+                    self._load()
+                    self._body()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+
+    def _load(self) -> None:
+        with self.nvtx.range("get batch"):
+            x, y = next(self.batches)
+            self.static_x.copy_(x, non_blocking=True)
+            self.static_y.copy_(y, non_blocking=True)
+
+    def _body(self) -> None:
+        with self.nvtx.range("forward"):
+            loss = self.loss_fn(self.model(self.static_x), self.static_y)
+        with self.nvtx.range("backward"):
+            loss.backward()
+            if self.allreduce:
+                allreduce_gradients(list(self.model.parameters()))
+        with self.nvtx.range("optimizer step"):
+            self.opt.step()
+
+    def capture(self) -> None:
+        self.opt.zero_grad(set_to_none=True)  # gradients are then allocated from the graph's pool
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: NCCL's watchdog thread may query events while this thread captures.
+        with self.nvtx.range("graph capture"), torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self._body()
+        torch.cuda.synchronize(self.device)
+
+    def step(self, index: int) -> None:
+        assert self.graph is not None, "capture() first"
+        with self.nvtx.range(f"Batch {index}"):
+            self._load()
+            with self.nvtx.range("graph replay"):
+                self.graph.replay()
+
+    def describe(self) -> dict[str, Any]:
+        return {"warmup_eager_steps": self.warmup, "allreduce_in_graph": self.allreduce, "captured": bool(self.graph)}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +41,30 @@ def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--capture", choices=["nsys", "torch", "none"], default="none")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timed", type=int, default=5, help="steps timed for throughput, outside the capture")
+    p.add_argument("--repeats", type=int, default=1, help="runs of the timed steps (throughput: median, spread)")
+    p.add_argument(
+        "--workload",
+        choices=["ddp", "pipeline", "broadcast-reduce", "fsdp", "tensor-parallel"],
+        default="ddp",
+        help="ddp (default); pipeline (stages over ranks, send/recv); broadcast-reduce (parameters from rank 0, "
+        "gradients to rank 0); fsdp (FSDP2 fully_shard); tensor-parallel (column/row-wise Linear pairs)",
+    )
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline: microbatches per batch")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: schedule")
+    p.add_argument(
+        "--p2p",
+        dest="p2p_calls",
+        choices=["blocking", "batched"],
+        default="blocking",
+        help="pipeline: send/recv, or batch_isend_irecv",
+    )
+    p.add_argument("--comm-dtype", choices=["fp32", "fp16", "bf16"], default="fp32", help="broadcast-reduce: payload")
+    p.add_argument(
+        "--async",
+        dest="async_op",
+        action="store_true",
+        help="broadcast-reduce: issue with async_op=True, compute, then wait",
+    )
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
     p.add_argument("--model", choices=["mlp", "vit_l_32"], default="mlp")
     p.add_argument("--mlp-width", type=int, default=1024)
@@ -89,6 +114,18 @@ def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
         str(cfg.warmup),
         "--timed",
         str(cfg.timed),
+        "--repeats",
+        str(cfg.repeats),
+        "--workload",
+        cfg.workload,
+        "--microbatches",
+        str(cfg.microbatches),
+        "--schedule",
+        cfg.schedule,
+        "--p2p",
+        cfg.p2p_calls,
+        "--comm-dtype",
+        cfg.comm_dtype,
         "--steps",
         str(cfg.steps),
         "--comm",
@@ -110,6 +147,8 @@ def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
         args.append("--static-graph")
     if not cfg.bucket_view:
         args.append("--no-bucket-view")
+    if cfg.async_op:
+        args.append("--async")
     return args
 
 
@@ -249,8 +288,67 @@ def _export_reports(out: Path, nsys: str, world: int, keep: bool) -> tuple[list[
     return captures, problems
 
 
+def workload_refusal(cfg: argparse.Namespace) -> str | None:
+    """Why ``cfg``'s workload cannot run as asked (said before any rank starts), or None.
+
+    FSDP2 and tensor parallelism run on gloo too (checked with torch 2.13 on CPU: all-gather,
+    reduce-scatter and all-reduce of DTensors), as do send/recv, broadcast and reduce; so the
+    backend refuses nothing. bf16 over gloo works (gloo reduces bf16 since torch 2.x)."""
+    workload = cfg.workload
+    if workload == "ddp":
+        return None
+    if cfg.model != "mlp":
+        return f"--workload {workload} splits or shards the MLP; use --model mlp (not {cfg.model})"
+    if getattr(cfg, "cuda_graphs", False):
+        return f"--cuda-graphs graphs the DDP step only, not --workload {workload}"
+    if workload == "pipeline":
+        if cfg.world_size < 2:
+            return "--workload pipeline needs --world-size 2 or more (one stage per rank)"
+        if cfg.mlp_depth + 1 < cfg.world_size:
+            return f"--workload pipeline: {cfg.mlp_depth + 1} Linear layers cannot fill {cfg.world_size} stages"
+        if cfg.microbatches < 1 or cfg.batch_size % cfg.microbatches:
+            return f"--batch-size {cfg.batch_size} is not a multiple of --microbatches {cfg.microbatches}"
+    if workload == "tensor-parallel" and cfg.mlp_depth < 2:
+        return "--workload tensor-parallel needs --mlp-depth 2 or more (hidden Linear layers in pairs)"
+    if workload == "tensor-parallel" and cfg.mlp_width % cfg.world_size:
+        return f"--workload tensor-parallel: --mlp-width {cfg.mlp_width} does not split over {cfg.world_size} ranks"
+    return None
+
+
+def workload_summary(workload: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``workload``: what each rank saw, and the bytes each rank sent per peer and the
+    payload per collective in every step (null where steps differ; ``per_step`` has each step)."""
+    ranks, per_step = [], {}
+    for record in records:
+        entry = dict(record.get("workload") or {"name": workload})
+        per_step[str(record["rank"])] = entry.pop("per_step", {})
+        ranks.append({"rank": record["rank"], **entry})
+
+    def constant(rank: str, kind: str) -> dict[str, int] | None:
+        tables = [step.get(kind, {}) for step in per_step[rank].values()]
+        return tables[0] if tables and all(t == tables[0] for t in tables) else None
+
+    sent, received, payload = [], [], {}
+    for rank in per_step:
+        for kind, rows in (("sent_bytes", sent), ("received_bytes", received)):
+            table = constant(rank, kind)
+            for peer, n in sorted((table or {}).items(), key=lambda kv: int(kv[0])):
+                rows.append({"rank": int(rank), "peer": int(peer), "bytes": n})
+        payload[rank] = constant(rank, "payload_bytes")
+    return {
+        "name": workload,
+        "ranks": ranks,
+        "sent_bytes_per_step": sent,
+        "received_bytes_per_step": received,
+        "payload_bytes_per_step": payload,
+        "per_step": per_step,
+    }
+
+
 def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     """Run the job once into ``cfg.out`` and write its manifest; returns the manifest."""
+    if problem := workload_refusal(cfg):
+        raise SystemExit(problem)
     out: Path = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = cuda_available()
@@ -305,6 +403,9 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
         captures = [_gzip(out, c) for c in captures]
     first = records[0] if records else {}
     throughputs = [r["throughput_steps_per_s"] for r in records if r.get("throughput_steps_per_s")]
+    # Per run of the timed steps, the slowest rank's rate; the median of those is the throughput.
+    repeats = [list(r.get("throughput_repeats_steps_per_s") or []) for r in records]
+    paced = [min(rates) for rates in zip(*repeats, strict=False)] if repeats and all(repeats) else []
     manifest = {
         "traceguard_bundle": BUNDLE_VERSION,
         "created_unix": int(started),
@@ -324,7 +425,13 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
         },
         "gpus": sorted({r["gpu_name"] for r in records if r.get("gpu_name")}),
         # The slowest rank sets the pace of a synchronous job.
-        "throughput_steps_per_s": min(throughputs) if throughputs else None,
+        "throughput_steps_per_s": (
+            statistics.median(paced) if len(paced) > 1 else (min(throughputs) if throughputs else None)
+        ),
+        "throughput_repeats_steps_per_s": paced,
+        # (max − min) ÷ median of the repeats: how far one timing can be trusted.
+        "throughput_spread": (max(paced) - min(paced)) / statistics.median(paced) if len(paced) > 1 else None,
+        "workload": workload_summary(cfg.workload, records),
         "gradient_bytes": first.get("gradient_bytes"),
         "ranks": ranks,
         "captures": captures,

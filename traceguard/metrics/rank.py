@@ -28,6 +28,7 @@ from traceguard.metrics.steps import (
     window_mask,
 )
 from traceguard.metrics.timeline import rank_timeline
+from traceguard.metrics.workloads import rank_workload
 from traceguard.model import Capture, add_columns
 
 #: Why one rank alone has no straggler spread; the run replaces it when it has the ranks.
@@ -60,6 +61,8 @@ class RankResult:
     collectives_by_type: dict[str, Any] = field(default_factory=dict)
     #: This rank's row of the rank × peer matrix (metrics.collectives.peer_matrix): {"rows", "null_reason"}.
     peers: dict[str, Any] = field(default_factory=dict)
+    #: What the rank's workload does (metrics.workloads.rank_workload): transfers per peer, payload, bubble.
+    workload: dict[str, Any] = field(default_factory=dict)
     #: Lanes of merged segments over the window (metrics.timeline.rank_timeline).
     timeline: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +140,7 @@ def analyse_rank(
 
 def _step_detail(resolved: ResolvedSteps) -> str | None:
     if resolved.source == "convention":
+        workload=rank_workload(capture.ranges, steps, ops, by_type),
         return resolved.convention
     if resolved.source == "inferred":
         periods = sorted(set(resolved.period_kernels.values()))

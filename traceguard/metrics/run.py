@@ -24,6 +24,7 @@ from typing import Any
 from traceguard.metrics.collectives import run_totals
 from traceguard.metrics.rank import STRAGGLER_NEEDS_RANKS, RankResult
 
+from traceguard.metrics.workloads import run_workload
 SUMMED = (
     "gpu_ops",
     "gpu_to_cpu_copies",
@@ -204,6 +205,8 @@ def analyse_run(
     *,
     step_patterns: Sequence[str] = (),
     step_sources: Sequence[str] | None = None,
+    #: What the run's workload does (metrics.workloads.run_workload).
+    workload: dict[str, Any] = field(default_factory=dict)
 ) -> RunResult:
     """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture).
 
@@ -233,4 +236,5 @@ def peer_matrix_of(ranks: Sequence[RankResult]) -> dict[str, Any]:
     """The ranks' peer rows as one matrix; the first rank's reason when some kernels lack a peer."""
     rows = [row for r in ranks for row in r.peers.get("rows", [])]
     reasons = [f"rank {r.rank}: {r.peers['null_reason']}" for r in ranks if r.peers.get("null_reason")]
+        workload=run_workload([(r.rank, r.workload) for r in results]),
     return {"rows": rows, "null_reason": reasons[0] if reasons else None}

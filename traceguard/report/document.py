@@ -17,6 +17,8 @@ from traceguard.ingest import InputRecord
 from traceguard.ingest.sides import SideData
 from traceguard.metrics.run import RunResult
 from traceguard.metrics.transport import nccl_document
+from traceguard.metrics.workloads import empty as workload_entry
+from traceguard.metrics.workloads import run_workload
 
 SCHEMA_VERSION = "1"
 #: Metric names every ``metrics`` object carries (issue contract), in this order.
@@ -141,6 +143,7 @@ def build(
             "collectives": [row for r in ranks for row in _collectives(r.collectives)],
             "collectives_by_type": result.collectives_by_type if result else [],
             "peer_matrix": (result.peer_matrix if result else None) or {"rows": [], "null_reason": NO_RANKS},
+            "workload": (result.workload if result else None) or run_workload([]),
             "straggler_steps": [
                 {
                     "index": s.index,
@@ -182,6 +185,7 @@ def build(
                 "collectives": _collectives(r.collectives),
                 "collectives_by_type": _by_type(r.collectives_by_type),
                 "peers": r.peers or {"rows": [], "null_reason": NO_RANKS},
+                "workload": r.workload or workload_entry(),
                 "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,
             }
             for r in ranks
