@@ -309,7 +309,8 @@ def analyze(
     sources to try, in order (``pattern``, ``convention``, ``inferred``, ``window``). Side files
     can also be given among ``paths`` (recognised by content).
 
-    Raises :class:`traceguard.errors.InputError` (e.g. ``NoUsableInputError``) for bad input.
+    Raises :class:`traceguard.errors.NoUsableInputError` (naming each file and what is wrong with it)
+    when nothing given can be read, :class:`traceguard.errors.ProfileError` for a bad profile.
     """
     items = [paths] if isinstance(paths, str | Path) else list(paths)
 
