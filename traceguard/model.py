@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from traceguard.errors import InputError
+
 #: Copy directions, indexed by nsys's ``ENUM_CUDA_MEMCPY_OPER`` codes (identical in every export
 #: that has the table, and the documented constants for 2022.x exports that lack it).
 COPY_KINDS: tuple[str, ...] = (
@@ -51,13 +53,17 @@ MEM_KINDS: tuple[str, ...] = (
     "managed_static",
     "unknown",
 )
-OP_KINDS: tuple[str, ...] = ("kernel", "memcpy", "memset")
+#: ``graph``: one execution of a CUDA graph as a whole (nsys ``--cuda-graph-trace=graph``, the
+#: default): a GPU interval launched by a ``cudaGraphLaunch`` whose kernels, copies and collectives
+#: the capture does not show (traceguard.metrics.graphs). Appended last: the codes of the other
+#: kinds are unchanged.
+OP_KINDS: tuple[str, ...] = ("kernel", "memcpy", "memset", "graph")
 
 CopyKind = pl.Enum(list(COPY_KINDS))
 MemKind = pl.Enum(list(MEM_KINDS))
 OpKind = pl.Enum(list(OP_KINDS))
 
-#: Kernels, memcpys and memsets. ``bytes`` is null for kernels; ``copy_kind``/``src_kind``/
+#: Kernels, memcpys, memsets and graph executions. ``bytes`` is null for kernels and graphs; ``copy_kind``/``src_kind``/
 #: ``dst_kind`` only for memcpys. ``msg_bytes``/``group_size`` are the collective's message size
 #: (nccl-tests convention: the larger of input and output buffers) and communicator size when the
 #: source records them (Kineto args, NCCL NVTX payloads), else null. ``peer`` is the other rank of a
@@ -195,7 +201,13 @@ def conform(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFr
             columns.append(pl.col(name).cast(dtype))
         else:
             columns.append(pl.lit(None, dtype=dtype).alias(name))
-    return frame.select(columns) if frame.width else pl.DataFrame(schema=dict(schema))
+    if not frame.width:
+        return pl.DataFrame(schema=dict(schema))
+    try:
+        return frame.select(columns)
+    except pl.exceptions.InvalidOperationError as exc:  # a value the column's type cannot hold
+        reason = str(exc).split("\n", 1)[0]
+        raise InputError(f"a value is out of range for its column ({reason})") from exc
 
 
 def add_columns(frame: pl.DataFrame, columns: Iterable[pl.Series]) -> pl.DataFrame:
@@ -338,6 +350,8 @@ def _launch_rows_packed(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Se
         order = np.argsort(calls, kind="stable")  # equal keys keep frame order: first comes first
         calls = calls[order]
     n = gpu_ops.height
+    if calls.size == 0:  # no launch call has a key: no op has a launch
+        return pl.Series("_launch_row", [None] * n, dtype=pl.Int64)
     found = np.empty(n, dtype=np.int64)
     missed = np.zeros(n, dtype=bool)
 

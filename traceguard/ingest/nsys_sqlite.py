@@ -66,6 +66,9 @@ _READ_ERRORS: tuple[type[Exception], ...] = (*_ADBC_ERRORS, *((_int_scan.Error,)
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+#: One row per CUDA graph execution when nsys traced graphs as a whole (``--cuda-graph-trace=graph``,
+#: its default); with ``=node`` the graph's kernels/copies are in the tables above instead.
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
 NVTX = "NVTX_EVENTS"
@@ -83,6 +86,8 @@ SYNTHETIC_STRINGS: dict[int, str] = {
     **{name_id: f"Memcpy {kind}" for kind, name_id in MEMCPY_NAME_IDS.items()},
     MEMSET_NAME_ID: "Memset",
 }
+#: Graph executions are named ``CUDA graph <graphId>``, interned below this id (one per graph).
+GRAPH_NAME_BASE = -1_000_000
 
 #: Environment variables of the profiled command worth keeping (rank resolution, NCCL tuning).
 #: An allowlist on purpose: captured environments hold secrets (tokens, keys).
@@ -195,7 +200,11 @@ def read_nsys_sqlite(path: Path, *, source_path: str | None = None, launches_onl
         conn = open_readonly(db)
     except InputError as exc:
         raise InputError(exc.message.replace(str(db), shown, 1), hint=exc.hint) from exc
-    reader = _Reader(conn, db, shown, launches_only=launches_only)
+    try:
+        reader = _Reader(conn, db, shown, launches_only=launches_only)
+    except sqlite3.Error as exc:  # the schema itself is unreadable
+        conn.close()
+        raise wrap_sqlite_error(shown, exc) from exc
     try:
         capture = reader.read()
         _release_free_memory()
@@ -204,6 +213,12 @@ def read_nsys_sqlite(path: Path, *, source_path: str | None = None, launches_onl
         raise wrap_sqlite_error(shown, exc) from exc
     except _READ_ERRORS as exc:
         raise wrap_sqlite_error(shown, exc) from exc
+    except pl.exceptions.InvalidOperationError as exc:  # text or a blob where nsys writes integers
+        reason = str(exc).split("\n", 1)[0]
+        raise InputError(
+            f"{shown} is a damaged nsys export: a column holds values of the wrong type ({reason})",
+            hint="re-export it with `nsys export --type sqlite` or copy it again",
+        ) from exc
     finally:
         reader.close()
 
@@ -214,6 +229,8 @@ class _Reader:
 
     def __init__(self, conn: sqlite3.Connection, db: Path, shown: str, *, launches_only: bool = False) -> None:
         self.launches_only = launches_only
+        #: Names of the graph executions read (:meth:`graph_executions`): synthetic id → text.
+        self.graph_strings: dict[int, str] = {}
         self.conn = conn
         self.db = db
         self.shown = shown
@@ -328,7 +345,10 @@ class _Reader:
             [
                 strings,
                 pl.DataFrame(
-                    {"id": list(SYNTHETIC_STRINGS), "value": list(SYNTHETIC_STRINGS.values())},
+                    {
+                        "id": [*SYNTHETIC_STRINGS, *self.graph_strings],
+                        "value": [*SYNTHETIC_STRINGS.values(), *self.graph_strings.values()],
+                    },
                     schema=model.STRINGS_SCHEMA,
                 ),
             ]
@@ -411,7 +431,7 @@ class _Reader:
             # needs; EXPORT_HOST is where `nsys export` ran, often a laptop.
             host=capture_host or meta.get("EXPORT_HOST") or None,
             nvtx_domains=list(dict.fromkeys(domains.values())),
-            has_gpu_trace=any(t in tables for t in (KERNEL, MEMCPY, MEMSET)) or "Cuda" in capture_types,
+            has_gpu_trace=any(t in tables for t in (KERNEL, MEMCPY, MEMSET, GRAPH_TRACE)) or "Cuda" in capture_types,
             has_api_trace=any(t in tables for t in (RUNTIME, DRIVER)) or "Cuda" in capture_types,
             has_ranges=NVTX in tables or "NvtxEvents" in capture_types,
             env=env,
@@ -537,10 +557,45 @@ class _Reader:
                     pl.lit(MEMSET_NAME_ID, dtype=pl.Int64).alias("name_id"),
                 )
             )
+        if GRAPH_TRACE in self.tables:
+            graphs = self.graph_executions(frames)
+            if graphs.height:
+                frames.append(graphs)
         if not frames:
             return model.empty(model.GPU_OPS_SCHEMA)
         conformed = [model.conform(frame, model.GPU_OPS_SCHEMA) for frame in frames]
         return pl.concat(conformed, how="vertical", rechunk=False)
+
+    def graph_executions(self, node_frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
+        """CUDA graph executions traced whole, as GPU ops of kind ``graph`` (a small read of its own:
+        one row per graph launch). Their correlation id is the ``cudaGraphLaunch`` call's, so they
+        join their launch like any op. Names ``CUDA graph <graphId>`` (:attr:`graph_strings`). An
+        execution whose launch also has node rows (kernels, copies) in ``node_frames`` is dropped:
+        its time is already there, and must not count twice."""
+        frame = self._gpu_bulk(GRAPH_TRACE, [("graph_id", "graphId")])
+        if frame.height == 0:
+            return frame
+        if "correlation_id" in frame.columns and "pid" in frame.columns:
+            launches = frame.select("pid", "correlation_id").drop_nulls().unique()
+            wanted = launches["correlation_id"].implode()
+            covered = [
+                f.filter(pl.col("correlation_id").is_in(wanted)).select("pid", "correlation_id")
+                for f in node_frames
+                if {"pid", "correlation_id"} <= set(f.columns)
+            ]
+            if covered:
+                done = pl.concat([c.cast({"pid": pl.Int64}) for c in covered]).unique()
+                if done.height:
+                    keys = done.cast({"pid": frame.schema["pid"]})
+                    frame = frame.join(keys, on=["pid", "correlation_id"], how="anti")
+        if "graph_id" not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("graph_id"))
+        graph_ids = sorted(int(g) for g in frame["graph_id"].drop_nulls().unique().to_list())
+        codes = {g: GRAPH_NAME_BASE - 1 - i for i, g in enumerate(graph_ids)}
+        self.graph_strings = {GRAPH_NAME_BASE: "CUDA graph"} | {code: f"CUDA graph {g}" for g, code in codes.items()}
+        name_id = pl.col("graph_id").replace_strict(codes, default=GRAPH_NAME_BASE, return_dtype=pl.Int64)
+        kind = pl.lit("graph", dtype=model.OpKind).alias("kind")
+        return frame.with_columns(kind, name_id.alias("name_id")).drop("graph_id")
 
     def _map_copies(self, copies: pl.DataFrame) -> pl.DataFrame:
         copy_map = self.copy_kind_map()
@@ -840,9 +895,15 @@ class _Reader:
         device = "cuDevice" if "cuDevice" in cols else "id"
         if device == "cuDevice" and "id" in cols:
             device = "COALESCE(cuDevice, id)"
-        select = [f"{device} AS device"]
-        for alias, column in (("name", "name"), ("bus_id", "busLocation"), ("sm_count", "smCount")):
-            select.append(f"{column} AS {alias}" if column in cols else f"NULL AS {alias}")
+        # CASTs: SQLite keeps whatever type a cell was written with; a damaged file's blob or text
+        # where nsys writes an integer must not stop the read.
+        select = [f"CAST({device} AS INTEGER) AS device"]
+        for alias, column, kind in (
+            ("name", "name", "TEXT"),
+            ("bus_id", "busLocation", "TEXT"),
+            ("sm_count", "smCount", "INTEGER"),
+        ):
+            select.append(f"CAST({column} AS {kind}) AS {alias}" if column in cols else f"NULL AS {alias}")
         rows = self.small(f"SELECT DISTINCT {', '.join(select)} FROM {table}")
         frame = pl.DataFrame(
             rows,
@@ -859,7 +920,7 @@ class _Reader:
             return model.empty(model.PROCESSES_SCHEMA)
         pid = "(globalPid >> 24) & 16777215" if "globalPid" in cols else "pid"
         name = "name" if "name" in cols else "NULL"
-        rows = self.small(f"SELECT {pid}, {name} FROM {table}")
+        rows = self.small(f"SELECT CAST({pid} AS INTEGER), CAST({name} AS TEXT) FROM {table}")
         frame = pl.DataFrame(rows, schema={"pid": pl.Int64, "name": pl.String}, orient="row", strict=False)
         return model.conform(frame.unique("pid", keep="first", maintain_order=True), model.PROCESSES_SCHEMA)
 

@@ -1,6 +1,8 @@
 """NCCL kernels: time, exposed (non-overlapped) time, and per-collective latency/bandwidth.
 
-- NCCL kernels are kernels whose name starts with ``nccl`` (``ncclKernel_*``, ``ncclDevKernel_*``).
+- NCCL kernels are kernels whose name starts with ``nccl`` (``ncclKernel_*``, ``ncclDevKernel_*``),
+  and NCCL's ``oneRankReduce`` (what a one-rank communicator runs for an AVG/PreMulSum reduction;
+  its collective type is not in its name, so it is counted with no type).
 - ``nccl_time_ns``: the union of NCCL kernel intervals per device, summed over devices.
 - ``nccl_exposed_ns``: NCCL time not overlapped by compute (non-NCCL) kernels on the same device,
   i.e. |NCCL ∪ compute| − |compute| per device, summed.
@@ -27,6 +29,9 @@ from traceguard.metrics.intervals import (
 )
 
 _COLLECTIVE = r"^nccl(?:Dev)?Kernel_([A-Za-z]+)"
+#: NCCL's kernel for a reduction on a one-rank communicator (``ncclLaunchOneRank``): nsys names it
+#: ``oneRankReduce``, Kineto by its mangled name (``..._onerank_cu_..._oneRankReduceI13FuncPreMulSum...``).
+ONE_RANK_KERNEL = "oneRankReduce"
 _ALIASES = {
     "allreduce": "AllReduce",
     "allgather": "AllGather",
@@ -48,7 +53,8 @@ Collective = pl.Enum(sorted(set(_ALIASES.values())))
 
 def nccl_name_ids(strings: pl.DataFrame) -> pl.DataFrame:
     """Interned names of NCCL kernels, with the collective they run."""
-    return strings.filter(pl.col("value").str.starts_with("nccl")).select(
+    is_nccl = pl.col("value").str.starts_with("nccl") | pl.col("value").str.contains(ONE_RANK_KERNEL, literal=True)
+    return strings.filter(is_nccl).select(
         pl.col("id").alias("name_id"),
         pl.col("value")
         .str.extract(_COLLECTIVE, 1)

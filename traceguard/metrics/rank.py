@@ -13,7 +13,8 @@ from typing import Any
 
 import polars as pl
 
-from traceguard.metrics import collectives, copies, nccl
+from traceguard.metrics import collectives, copies, graphs, nccl
+from traceguard.metrics import small_collectives as small
 from traceguard.metrics.intervals import union_ns_batched
 from traceguard.metrics.steps import (
     NCCL_DOMAIN,
@@ -61,6 +62,8 @@ class RankResult:
     collectives_by_type: dict[str, Any] = field(default_factory=dict)
     #: This rank's row of the rank × peer matrix (metrics.collectives.peer_matrix): {"rows", "null_reason"}.
     peers: dict[str, Any] = field(default_factory=dict)
+    #: Collective payload sizes and the small calls' issuers (metrics.small_collectives).
+    small_collectives: dict[str, Any] = field(default_factory=dict)
     #: What the rank's workload does (metrics.workloads.rank_workload): transfers per peer, payload, bubble.
     workload: dict[str, Any] = field(default_factory=dict)
     #: Lanes of merged segments over the window (metrics.timeline.rank_timeline).
@@ -74,6 +77,7 @@ def analyse_rank(
     step_patterns: Sequence[str] = (),
     step_sources: Sequence[str] = STEP_SOURCES,
     ranks_analysed: int = 1,
+    small_bytes: int = small.DEFAULT_SMALL_BYTES,
 ) -> RankResult:
     info = capture.info
     resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, step_patterns, step_sources)
@@ -105,6 +109,10 @@ def analyse_rank(
         m["nccl_share_of_step"] = nccl_in_steps / span_total
     m["straggler_spread"] = None
     null["straggler_spread"] = STRAGGLER_NEEDS_RANKS
+    # CUDA graphs traced whole hide their kernels: what counts them is unknown, not 0 (metrics.graphs).
+    graph_summary = graphs.summarize(ops, mask, capture.strings)
+    graphs.hide(m, null, graph_summary)
+    graphs.hide_in_steps(step_rows, ops, steps)
 
     if not info.has_gpu_trace:
         _null_gpu_metrics(m, null)
@@ -120,6 +128,17 @@ def analyse_rank(
         nccl_domain=NCCL_DOMAIN,
         group_size=info.world_size or ranks_analysed,
     )
+    if graph_summary["graph_executions"]:
+        by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
+    small_metrics, small_null, small_details = small.small_collectives(
+        _collective_calls(capture, nccl_ops, steps), step_count, small_bytes
+    )
+    m.update(small_metrics)
+    null.update(small_null)
+    sized = small_metrics["collective_calls_sized"]
+    m["collective_calls_per_step"] = sized / step_count if sized is not None and step_count else None
+    if m["collective_calls_per_step"] is None:
+        null["collective_calls_per_step"] = small_null.get("collective_calls_sized") or _no_steps_reason(capture)
     return RankResult(
         rank=rank,
         metrics=m,
@@ -127,20 +146,21 @@ def analyse_rank(
         steps=step_rows,
         collectives=nccl.collective_table(nccl_ops, ranks_analysed),
         gpu_to_cpu_offenders=_offenders(window, capture),
-        health=_health(capture, ops, steps),
+        health={**_health(capture, ops, steps), **graph_summary},
         gpu_models=models,
         spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
         step_source=resolved.source,
         step_detail=_step_detail(resolved),
         collectives_by_type=by_type,
         peers=peers,
+        small_collectives=small_details,
+        workload=rank_workload(capture.ranges, steps, ops, by_type),
         timeline=rank_timeline(rank, ops, mask, nccl_ops, step_rows, phases),
     )
 
 
 def _step_detail(resolved: ResolvedSteps) -> str | None:
     if resolved.source == "convention":
-        workload=rank_workload(capture.ranges, steps, ops, by_type),
         return resolved.convention
     if resolved.source == "inferred":
         periods = sorted(set(resolved.period_kernels.values()))
@@ -405,6 +425,20 @@ def _offenders(window: pl.LazyFrame | pl.DataFrame, capture: Capture, limit: int
     dtoh = window.lazy().filter(pl.col("copy_kind").is_in(copies.GPU_TO_CPU)).collect()
     if dtoh.height == 0:
         return []
+    dtoh = _issued_by(dtoh, capture)
+    grouped = (
+        dtoh.group_by(["nvtx_range", "api_call"])
+        .agg(pl.len().alias("copies"), pl.col("bytes").sum().alias("bytes"))
+        .sort(["copies", "bytes", "nvtx_range", "api_call"], descending=[True, True, False, False], nulls_last=True)
+        .head(limit)
+    )
+    return grouped.to_dicts()
+
+
+def _issued_by(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
+    """``ops`` with ``nvtx_range`` (the innermost range, outside NCCL's domain, open on the
+    launching thread at the launch) and ``api_call`` (the launching call's name): who issued them."""
+    dtoh = ops
     names = capture.strings.rename({"id": "launch_name_id", "value": "api_call"})
     dtoh = dtoh.join(names, on="launch_name_id", how="left")
     ranges = capture.ranges.filter(pl.col("domain").is_null() | (pl.col("domain") != NCCL_DOMAIN))
@@ -429,16 +463,44 @@ def _offenders(window: pl.LazyFrame | pl.DataFrame, capture: Capture, limit: int
             ).drop("parent", "_end")
         found = found.drop([c for c in ("parent", "_end") if c in found.columns])
         names_of_ranges = ranges.select("range_id", pl.col("name").alias("nvtx_range"))
-        dtoh = found.join(names_of_ranges, on="range_id", how="left")
-    else:
-        dtoh = dtoh.with_columns(pl.lit(None, dtype=pl.String).alias("nvtx_range"))
-    grouped = (
-        dtoh.group_by(["nvtx_range", "api_call"])
-        .agg(pl.len().alias("copies"), pl.col("bytes").sum().alias("bytes"))
-        .sort(["copies", "bytes", "nvtx_range", "api_call"], descending=[True, True, False, False], nulls_last=True)
-        .head(limit)
+        return found.join(names_of_ranges, on="range_id", how="left")
+    return dtoh.with_columns(pl.lit(None, dtype=pl.String).alias("nvtx_range"))
+
+
+def _collective_calls(capture: Capture, nccl_ops: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The rank's collective calls inside its steps (metrics.small_collectives.CALL_SCHEMA): its
+    NCCL kernels, or without any, the c10d annotations (``gloo:all_reduce`` ...) of a CPU job."""
+    if nccl_ops.height:
+        kernels = nccl_ops.filter(pl.col("step_id").is_not_null())
+        if kernels.height == 0:
+            return pl.DataFrame(schema=small.CALL_SCHEMA)
+        kernels = _issued_by(kernels, capture)
+        return kernels.select(
+            pl.col("collective").cast(pl.String).fill_null(small.OTHER),
+            (pl.col("end") - pl.col("start")).alias("duration_ns"),
+            pl.col("msg_bytes").alias("payload_bytes"),
+            pl.col("step_id").cast(pl.Int64),
+            pl.coalesce("nvtx_range", "api_call").alias("issuer"),
+        )
+    calls = small.annotation_calls(capture.ranges)
+    if calls.height == 0 or steps.height == 0:
+        return pl.DataFrame(schema=small.CALL_SCHEMA)
+    step_id = containing_ids(
+        calls.select("pid", "start"),
+        "start",
+        steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id")),
+        "step_id",
+        ["pid"],
     )
-    return grouped.to_dicts()
+    parents = capture.ranges.select(pl.col("range_id").alias("parent"), pl.col("name").alias("_parent_name"))
+    calls = calls.with_columns(step_id).join(parents, on="parent", how="left")
+    return calls.filter(pl.col("step_id").is_not_null()).select(
+        "collective",
+        (pl.col("end") - pl.col("start")).alias("duration_ns"),
+        "payload_bytes",
+        "step_id",
+        pl.coalesce("_parent_name", "name").alias("issuer"),
+    )
 
 
 def _gpu_models(capture: Capture, window: pl.LazyFrame | pl.DataFrame) -> list[str]:

@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from traceguard.metrics import small_collectives as small
 from traceguard.metrics.collectives import run_totals
+from traceguard.metrics.graphs import HIDDEN_BY_GRAPHS
 from traceguard.metrics.rank import STRAGGLER_NEEDS_RANKS, RankResult
-
 from traceguard.metrics.workloads import run_workload
+
 SUMMED = (
     "gpu_ops",
     "gpu_to_cpu_copies",
@@ -94,6 +96,12 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
         m[key] = sum(known) if known else None
         if not known:
             null[key] = _first_reason(ranks, key)
+    # A rank whose graph executions hide its kernels makes the run's sum unknown, not the other ranks' part.
+    for key in set(SUMMED) & set(HIDDEN_BY_GRAPHS):
+        blind = [r for r in ranks if r.health.get("graph_executions") and r.metrics.get(key) is None]
+        if blind and m[key] is not None:
+            m[key] = None
+            null[key] = f"rank {blind[0].rank}: {blind[0].null_reasons.get(key, 'not available')}"
     m["gpu_to_cpu_copy_rate"] = _ratio(m["gpu_to_cpu_copies"], m["gpu_ops"])
     m["dtod_bytes_per_step"] = _ratio(m["dtod_bytes_in_steps"], m["step_count"])
     m["nccl_share_of_step"] = _ratio(m["nccl_step_ns"], m["gpu_span_ns"])
@@ -101,6 +109,16 @@ def reduce_run(ranks: Sequence[RankResult]) -> tuple[dict[str, Any], dict[str, s
     m["host_device_bytes_per_step"] = _ratio(m["host_device_bytes"], m["step_count"])
     m["pageable_host_bytes_per_step"] = _ratio(m["pageable_host_bytes"], m["step_count"])
     m["gpu_to_cpu_copies_per_step"] = _ratio(m["gpu_to_cpu_copies"], m["step_count"])
+    # Small collectives: counts and times add up over ranks, shares from the sums.
+    steps_with_calls = sum(r.metrics.get("step_count") or 0 for r in ranks if r.metrics.get("collective_calls_sized"))
+    m.update(small.run_totals([r.metrics for r in ranks], steps_with_calls))
+    if m["collective_calls_sized"] is not None and steps_with_calls:
+        m["collective_calls_per_step"] = m["collective_calls_sized"] / steps_with_calls
+    else:
+        m["collective_calls_per_step"] = None
+    for key in (*small.METRICS, "collective_calls_per_step"):
+        if m[key] is None:
+            null[key] = _first_reason(ranks, key)
     allreduce = [r.metrics.get("allreduce_bytes_per_step") for r in ranks]
     if allreduce and all(v is not None for v in allreduce) and m["step_count"]:
         total_steps = sum(r.metrics["step_count"] for r in ranks)
@@ -198,6 +216,8 @@ class RunResult:
     #: The rank × peer matrix: {"rows": [{rank, peer, kernels, time_ns, sends, recvs, bytes,
     #: source}], "null_reason": why a rank's point-to-point kernels have no peer, or None}.
     peer_matrix: dict[str, Any] = field(default_factory=dict)
+    #: What the run's workload does (metrics.workloads.run_workload).
+    workload: dict[str, Any] = field(default_factory=dict)
 
 
 def analyse_run(
@@ -205,19 +225,26 @@ def analyse_run(
     *,
     step_patterns: Sequence[str] = (),
     step_sources: Sequence[str] | None = None,
-    #: What the run's workload does (metrics.workloads.run_workload).
-    workload: dict[str, Any] = field(default_factory=dict)
+    small_bytes: int | None = None,
 ) -> RunResult:
     """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture).
 
     ``step_patterns``: the user's and the profile's step regexes; ``step_sources``: the step
-    sources tried, in order (default all: pattern, convention, inferred, window)."""
+    sources tried, in order (default all: pattern, convention, inferred, window); ``small_bytes``:
+    the payload below which a collective is small (the profile's, default 1 MiB)."""
     from traceguard.metrics.rank import analyse_rank
     from traceguard.metrics.steps import STEP_SOURCES
 
     sources = tuple(step_sources) if step_sources else STEP_SOURCES
     results = [
-        analyse_rank(rank, capture, step_patterns=step_patterns, step_sources=sources, ranks_analysed=len(ranks))
+        analyse_rank(
+            rank,
+            capture,
+            step_patterns=step_patterns,
+            step_sources=sources,
+            ranks_analysed=len(ranks),
+            small_bytes=int(small_bytes) if small_bytes else small.DEFAULT_SMALL_BYTES,
+        )
         for rank, capture in ranks
     ]
     metrics, null = reduce_run(results)
@@ -229,6 +256,7 @@ def analyse_run(
         steps,
         collectives_by_type=run_totals([r.collectives_by_type for r in results]),
         peer_matrix=peer_matrix_of(results),
+        workload=run_workload([(r.rank, r.workload) for r in results]),
     )
 
 
@@ -236,5 +264,4 @@ def peer_matrix_of(ranks: Sequence[RankResult]) -> dict[str, Any]:
     """The ranks' peer rows as one matrix; the first rank's reason when some kernels lack a peer."""
     rows = [row for r in ranks for row in r.peers.get("rows", [])]
     reasons = [f"rank {r.rank}: {r.peers['null_reason']}" for r in ranks if r.peers.get("null_reason")]
-        workload=run_workload([(r.rank, r.workload) for r in results]),
     return {"rows": rows, "null_reason": reasons[0] if reasons else None}

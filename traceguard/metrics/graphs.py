@@ -1,0 +1,148 @@
+"""CUDA graphs: how much GPU time runs in graphs, how they were traced, and what that hides.
+
+Definitions (DESIGN.md's conventions: nanoseconds, per device then summed):
+
+- A *graph execution* is a GPU op of kind ``graph``: one replay of a CUDA graph traced as a whole
+  (nsys ``--cuda-graph-trace=graph``, its default). It is a real GPU interval, launched by its
+  ``cudaGraphLaunch`` (same correlation id), so it counts in step spans and busy time; the kernels,
+  copies and NCCL collectives it ran are not in the capture.
+- *Graph-launched ops* are kernels, copies and sets whose launching API call is a graph launch
+  (``cudaGraphLaunch*``, ``cuGraphLaunch*``): the nodes of a graph traced node by node (nsys
+  ``--cuda-graph-trace=node``, torch.profiler). They are ordinary ops; nothing is hidden.
+- ``graph_ns``: the union of graph-execution intervals; ``graph_launched_ns`` the union of
+  graph-launched ops; ``gpu_busy_ns`` the union of all GPU ops (each per device, summed), all over
+  the analysis window.
+- Trace mode: ``"graph"`` when the window holds graph executions and no graph-launched ops,
+  ``"node"`` for the reverse, ``"mixed"`` for both, None when no graph ran.
+
+While the window holds graph executions, every metric that counts what runs inside them
+(:data:`HIDDEN_BY_GRAPHS`: NCCL time and share, exposed communication, copies, collectives by
+type) is None with :func:`hidden_reason`, which names the fix, instead of a value that would read
+too low and let a check pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from traceguard.metrics.intervals import union_ns
+
+#: The capture option that shows what runs inside graphs.
+NODE_TRACE_FIX = (
+    "re-capture with `nsys profile --cuda-graph-trace=node` (or torch.profiler, which records graph kernels)"
+)
+#: API calls that launch a graph.
+GRAPH_LAUNCH = r"^cu(?:da)?GraphLaunch"
+
+#: Rank metrics that need the kernels and copies inside graph executions.
+HIDDEN_BY_GRAPHS: tuple[str, ...] = (
+    "nccl_kernels",
+    "nccl_time_ns",
+    "nccl_exposed_ns",
+    "nccl_step_ns",
+    "nccl_share_of_step",
+    "allreduce_bytes_per_step",
+    "gradient_reduction_bytes_per_step",
+    "dtod_to_gradient_ratio",
+    "gpu_to_cpu_copies",
+    "gpu_to_cpu_bytes",
+    "gpu_to_cpu_copy_rate",
+    "gpu_to_cpu_copies_per_step",
+    "dtod_copies",
+    "dtod_bytes",
+    "dtod_bytes_in_steps",
+    "dtod_bytes_per_step",
+    "peer_copies",
+    "peer_bytes",
+)
+
+
+def graph_launch_name_ids(strings: pl.DataFrame) -> pl.Series:
+    """Interned names of graph-launch API calls."""
+    return strings.filter(pl.col("value").str.contains(GRAPH_LAUNCH))["id"]
+
+
+def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict[str, Any]:
+    """Graph executions and graph-launched ops of the window (``ops`` filtered by ``mask``)."""
+    window = ops.filter(mask)
+    is_graph = pl.col("kind") == "graph"
+    launched = pl.lit(False)
+    if "launch_name_id" in window.columns:
+        ids = graph_launch_name_ids(strings).cast(window.schema["launch_name_id"])
+        launched = ~is_graph & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
+    counts = window.select(is_graph.sum().alias("graph"), launched.sum().alias("launched")).row(0)
+    graph_count, launched_count = int(counts[0] or 0), int(counts[1] or 0)
+    mode = (
+        "mixed"
+        if graph_count and launched_count
+        else "graph"
+        if graph_count
+        else "node"
+        if launched_count
+        else None
+    )
+
+    def busy(frame: pl.DataFrame) -> int:
+        return int(union_ns(frame.lazy(), ["device"]).collect()["union_ns"].sum() or 0) if frame.height else 0
+
+    return {
+        "cuda_graph_trace": mode,
+        "graph_executions": graph_count,
+        "graph_ns": busy(window.filter(is_graph)),
+        "graph_launched_ops": launched_count,
+        "graph_launched_ns": busy(window.filter(launched)),
+        "gpu_busy_ns": busy(window),
+    }
+
+
+def hidden_reason(summary: dict[str, Any]) -> str:
+    """Why a metric that counts what runs inside graphs is unknown here, and the fix."""
+    share = summary["graph_ns"] / summary["gpu_busy_ns"] if summary["gpu_busy_ns"] else None
+    of_busy = f", {share:.0%} of the GPU busy time" if share is not None else ""
+    return (
+        f"{summary['graph_executions']} CUDA graph execution(s) ({summary['graph_ns'] / 1e6:.3f} ms{of_busy}) were "
+        "traced as a whole (nsys --cuda-graph-trace=graph, its default): the kernels, copies and NCCL "
+        f"collectives inside them are not in the capture, so a count would read too low; {NODE_TRACE_FIX}"
+    )
+
+
+def hide(metrics: dict[str, Any], null: dict[str, str], summary: dict[str, Any]) -> None:
+    """Null every :data:`HIDDEN_BY_GRAPHS` metric when the window holds graph executions. The NCCL
+    share's reason keeps the visible part as a stated lower bound."""
+    if not summary["graph_executions"]:
+        return
+    reason = hidden_reason(summary)
+    visible_share = metrics.get("nccl_share_of_step")
+    for key in HIDDEN_BY_GRAPHS:
+        if key in metrics:
+            metrics[key] = None
+            null[key] = reason
+    metrics["gradient_reduction_collective"] = None
+    if visible_share is not None:
+        null["nccl_share_of_step"] = (
+            f"{reason}. NCCL kernels outside the graphs alone give {visible_share:.2%}: a lower bound only"
+        )
+
+
+def hide_in_steps(rows: list[dict[str, Any]], ops: pl.DataFrame, steps: pl.DataFrame) -> None:
+    """Per step row holding graph executions: ``graph_ns`` (their union) and no NCCL share (its
+    ``nccl_ns`` is then only the NCCL time outside the graphs). ``steps``: the resolved step ranges
+    (``range_id`` = the ops' ``step_id``, ``index``)."""
+    graphs = ops.filter((pl.col("kind") == "graph") & pl.col("step_id").is_not_null())
+    if graphs.height == 0:
+        return
+    per_step = (
+        union_ns(graphs.lazy(), ["step_id", "device"])
+        .group_by("step_id")
+        .agg(pl.col("union_ns").sum())
+        .join(steps.lazy().select(pl.col("range_id").alias("step_id"), "index"), on="step_id")
+        .collect()
+    )
+    by_index = {int(index): int(ns) for index, ns in per_step.select("index", "union_ns").iter_rows()}
+    for row in rows:
+        graph_ns = by_index.get(row["index"])
+        if graph_ns is not None:
+            row["graph_ns"] = graph_ns
+            row["nccl_share"] = None
