@@ -1,9 +1,14 @@
 """One JSON error shape for every failure: ``{"error": {"code", "message"[, "hint"]}}``.
 
-TraceguardError subclasses map to HTTP statuses here, once; routes just raise."""
+TraceguardError subclasses map to HTTP statuses here, once; routes just raise. What a client sent
+that cannot be used is a 4xx (422 for content, 413 too large, 415 not a kind traceguard reads); 5xx
+only for the server's own faults (store down, an analysis that crashed, a bug), with a reference the
+operators find in the log next to the traceback, never the traceback itself."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,6 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from traceguard.errors import TraceguardError, UnsupportedFormatError
 from traceguard.store.blobs import TooLarge
+
+log = logging.getLogger("traceguard.api")
 
 
 class ApiError(TraceguardError):
@@ -73,3 +80,10 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()[:5]
         )
         return JSONResponse(error_body("invalid_request", problems), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        reference = uuid.uuid4().hex[:12]
+        log.error("internal error %s on %s %s", reference, request.method, request.url.path, exc_info=exc)
+        message = f"internal error (a bug in traceguard); the server log has it under reference {reference}"
+        return JSONResponse(error_body("internal_error", message), status_code=500)

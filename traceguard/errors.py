@@ -31,6 +31,14 @@ class TraceguardError(Exception):
         return {"error": body}
 
 
+def naming(exc: TraceguardError, source: object) -> TraceguardError:
+    """``exc`` with ``source`` (a file) at the start of its message, unless the message names it already."""
+    name = str(source)
+    if name not in exc.message and getattr(source, "name", name) not in exc.message:
+        exc.message = f"{name}: {exc.message}"
+    return exc
+
+
 class InputError(TraceguardError):
     """A capture or log that cannot be read as what it claims to be."""
 

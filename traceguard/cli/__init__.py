@@ -1,7 +1,14 @@
 """The ``traceguard`` command line: a thin typer adapter over :mod:`traceguard.pipeline`.
 
-Exit codes: ``analyze`` 0 whenever it produced a report; ``check`` 0 when no check fails, 1 when
-one does; both 2 when no input is usable or the invocation is wrong (with a message saying what).
+Exit codes, the same for every command:
+
+- 0: done (``analyze`` whenever it produced a report; ``check`` when no check fails);
+- 1: ``check`` only: a check failed (the one code a CI gate should read as a regression);
+- 2: unusable input or a wrong invocation: a capture, log or profile that cannot be read, no usable
+  input, a bad option; one message naming the file and what is wrong, never a traceback;
+- 3: an internal error, a bug in traceguard: one line "this is a bug in traceguard: <type>: <message>";
+  ``traceguard --debug ...`` (or ``TRACEGUARD_DEBUG=1``) prints the traceback as well;
+- 130: interrupted (Ctrl-C).
 
 One module per command group, as ``api/routes`` has: :mod:`.analysis` (analyze, check, profiles),
 :mod:`.nccl`, :mod:`.harness` (harness, bench-collectives), :mod:`.service` (serve, token) and
@@ -23,16 +30,51 @@ os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:2000,muzzy_decay_ms:0
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import sys
+import traceback
 
 # Importing the command modules registers their commands on `app`, in the order `--help` lists them.
-from traceguard.cli import analysis, harness, nccl, runs, service
-from traceguard.cli.common import app
+from traceguard.cli import analysis, common, harness, nccl, runs, service
+from traceguard.cli.common import app, debugging
+from traceguard.errors import TraceguardError
 
-__all__ = ["analysis", "app", "console_main", "harness", "nccl", "runs", "service"]
+__all__ = ["EXIT_BUG", "EXIT_CHECK_FAILED", "EXIT_INPUT", "analysis", "app", "console_main", "harness", "nccl"]
+__all__ += ["runs", "service"]
 # compare, export (two runs; a run's timeline) and runs, steps (stored runs), registered after the others.
 from traceguard.cli import compare, query
 
 __all__ += ["compare", "query"]
+
+EXIT_CHECK_FAILED = 1
+EXIT_INPUT = 2
+EXIT_BUG = 3
+
+
+def bug_message(exc: BaseException) -> str:
+    """The one line an internal error gets (no traceback unless asked)."""
+    text = " ".join(str(exc).split())[:300] or "(no message)"
+    return f"error: this is a bug in traceguard: {type(exc).__name__}: {text} — rerun with --debug for the traceback"
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line and return its exit code (see the module docstring); nothing escapes."""
+    try:
+        app(args=argv, prog_name="traceguard")
+        return 0
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # sys.exit("message"): a refusal of the invocation
+            sys.stderr.write(exc.code + "\n")
+            return EXIT_INPUT
+        return exc.code or 0
+    except KeyboardInterrupt:
+        return 130
+    except TraceguardError as exc:  # a command that left the project's own error to us
+        common.show_error(exc)
+        return exc.exit_code
+    except Exception as exc:  # a bug: one line, its own exit code
+        if debugging():
+            traceback.print_exc()
+        sys.stderr.write(bug_message(exc) + "\n")
+        return EXIT_BUG
 
 
 def console_main() -> None:
@@ -40,15 +82,7 @@ def console_main() -> None:
 
     Freeing a multi-GB capture object by object takes ~0.3 s after the report is already out.
     """
-    try:
-        app()
-        code = 0
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            sys.stderr.write(exc.code + "\n")
-            code = 1
-        else:
-            code = exc.code or 0
+    code = run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

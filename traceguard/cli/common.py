@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -133,6 +135,20 @@ def step_sources(sources: list[str] | None) -> list[str] | None:
     return list(sources) if sources else None
 
 
+def debugging() -> bool:
+    """``--debug`` was given (it sets ``TRACEGUARD_DEBUG``) or ``TRACEGUARD_DEBUG`` is set to a true value."""
+    return os.environ.get("TRACEGUARD_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def show_error(exc: TraceguardError) -> None:
+    """The project's error as the user sees it: the message and the hint; the traceback under ``--debug``."""
+    if debugging():
+        traceback.print_exception(exc)
+    err.print(f"[bold red]error[/]: {escape(exc.message)}")
+    if exc.hint:
+        err.print(f"  {escape(exc.hint)}")
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"traceguard {__version__}")
@@ -144,8 +160,16 @@ def main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", help="Print the Python traceback of an error (also TRACEGUARD_DEBUG=1); for bug reports."
+        ),
+    ] = False,
 ) -> None:
     """traceguard command line."""
+    if debug:
+        os.environ["TRACEGUARD_DEBUG"] = "1"
 
 
 def run_analysis(
@@ -166,9 +190,7 @@ def run_analysis(
                 progress=lambda msg: status.update(msg),
             )
     except TraceguardError as exc:
-        err.print(f"[bold red]error[/]: {escape(exc.message)}")
-        if exc.hint:
-            err.print(f"  {escape(exc.hint)}")
+        show_error(exc)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -267,7 +289,5 @@ def labels(items: list[str] | None) -> dict[str, str]:
 
 
 def fail(exc: TraceguardError) -> typer.Exit:
-    err.print(f"[bold red]error[/]: {escape(exc.message)}")
-    if exc.hint:
-        err.print(f"  {escape(exc.hint)}")
+    show_error(exc)
     return typer.Exit(exc.exit_code)

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from traceguard import model
-from traceguard.errors import InputError, NoUsableInputError, TraceguardError, UnsupportedFormatError
+from traceguard.errors import InputError, NoUsableInputError, TraceguardError, UnsupportedFormatError, naming
 from traceguard.ingest.kineto import looks_like_kineto, read_kineto
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.ingest.nsys_sqlite import read_nsys_sqlite
@@ -101,8 +101,11 @@ def bundle_captures(directory: Path) -> list[InputSpec]:
             doc = json.loads(manifest.read_text())
         except (OSError, ValueError) as exc:
             raise InputError(f"{manifest}: not a readable JSON manifest ({exc})") from exc
+        captures = doc.get("captures", []) if isinstance(doc, dict) else None
+        if not isinstance(captures, list):
+            raise InputError(f'{manifest}: not a run-bundle manifest (no "captures" list)')
         specs = []
-        for entry in doc.get("captures", []):
+        for entry in captures:
             if isinstance(entry, dict) and isinstance(entry.get("path"), str):
                 rank = entry.get("rank")
                 specs.append(
@@ -155,7 +158,15 @@ def sniff(path: Path) -> str:
 
 
 def read_capture(path: Path) -> model.Capture:
-    """Read one capture file of any supported format."""
+    """Read one capture file of any supported format; every error it raises names ``path``."""
+    try:
+        return _read_capture(path)
+    except TraceguardError as exc:
+        naming(exc, path)
+        raise
+
+
+def _read_capture(path: Path) -> model.Capture:
     kind = sniff(path)
     # The analysis needs only the CUDA calls that launched GPU work, joined to the ops as the
     # ops' launch columns (a third of the API rows on real captures, and no join left to do).

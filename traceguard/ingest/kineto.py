@@ -245,6 +245,12 @@ def _decode(data: bytes, shown: str) -> tuple[list[_Event], _Trace]:
         if raws and not events:
             raise _not_a_trace(shown, "none of its entries is a trace event object")
         return events, top
+    except UnicodeDecodeError as exc:  # msgspec decodes strings strictly
+        raise InputError(
+            f"{shown}: not UTF-8 JSON (a string holds bytes that are not UTF-8: {exc.reason}); "
+            "the file is damaged or not a trace.",
+            hint="re-export the trace, or check that the copy finished",
+        ) from exc
     except msgspec.DecodeError as exc:
         raise InputError(
             f"{shown}: not valid JSON ({exc}); the file is probably truncated or not a trace.",
@@ -300,14 +306,28 @@ def _ns_from_text(raw: list[msgspec.Raw]) -> pl.Series:
     return frame.select(pl.coalesce(exact, via_float).alias("ns")).to_series()
 
 
+def _series(values: list[Any], dtype: pl.DataType) -> pl.Series:
+    """``values`` as ``dtype``, a value that is not one (text, a number too wide) null. A damaged
+    trace's list or object where a number belongs makes that value null too (the slow path only
+    then: well-formed traces never take it)."""
+    try:
+        return pl.Series(values, dtype=dtype, strict=False)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+        scalar = [
+            v if isinstance(v, str | float) or (type(v) is int and -(1 << 63) <= v < 1 << 63) else None
+            for v in values
+        ]
+        return pl.Series(scalar, dtype=dtype, strict=False)
+
+
 def _int_from_id(values: list[Any]) -> pl.Series:
     """pid/tid as int64: numbers as they are, strings by their digits ("25738", "stream 7")."""
-    s = pl.Series(values, dtype=pl.String, strict=False)
+    s = _series(values, pl.String())
     return s.str.extract(r"(-?\d+)").cast(pl.Int64, strict=False)
 
 
 def _int(values: list[Any]) -> pl.Series:
-    return pl.Series(values, dtype=pl.Int64, strict=False)
+    return _series(values, pl.Int64())
 
 
 #: C++ element types as ``record_function`` writes them in ``Input type`` (``c10::`` dropped).
@@ -357,7 +377,8 @@ def _annotation_bytes(items: list[_Event]) -> pl.Series:
         size = INPUT_TYPE_SIZES.get(str(types[0]).removeprefix("c10::").strip().lower())
         if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
             continue
-        out[i] = size * math.prod(dims[0])
+        payload = size * math.prod(dims[0])
+        out[i] = payload if payload < 1 << 63 else None  # a damaged shape is no message size
     return pl.Series("payload_bytes", out, dtype=pl.Int64)
 
 
@@ -365,11 +386,11 @@ def _rank_arg(values: list[Any]) -> pl.Series:
     """A rank written as a number or as its text (PyTorch writes collective metadata as strings)."""
     if values.count(None) == len(values):  # C-level scan: most traces have no point-to-point args
         return pl.repeat(None, len(values), dtype=pl.Int32, eager=True)
-    return pl.Series(values, dtype=pl.String, strict=False).str.strip_chars().cast(pl.Int32, strict=False)
+    return _series(values, pl.String()).str.strip_chars().cast(pl.Int32, strict=False)
 
 
 def _str(values: list[Any]) -> pl.Series:
-    return pl.Series(values, dtype=pl.String, strict=False)
+    return _series(values, pl.String())
 
 
 def _base_frame(items: list[_Event]) -> pl.DataFrame:

@@ -121,9 +121,8 @@ def parse_dmon(text: str, *, long: bool = False) -> pl.DataFrame:
         tokens = _dmon_tokens(line)
         if len(tokens) != len(names):
             continue
-        try:
-            gpu = int(tokens[gpu_at])
-        except ValueError:
+        gpu = _int(tokens[gpu_at]) if tokens[gpu_at].lstrip("-").isdigit() else None
+        if gpu is None:  # not a GPU index (or a damaged one wider than 64 bits)
             continue
         for name in metric_names:
             all_names.setdefault(name, "")
@@ -364,11 +363,13 @@ def _header_layout(tokens: list[str], order: list[str]) -> tuple[list[str], list
 
 
 def _int(token: str) -> int | None:
+    """A whole number that fits 64 bits (a damaged row's 30-digit "size" is no size), else None."""
     try:
-        return int(token)
+        value: int | None = int(token)
     except ValueError:
-        value = _num(token)
-        return int(value) if value is not None and value.is_integer() else None
+        number = _num(token)
+        value = int(number) if number is not None and number.is_integer() else None
+    return value if value is not None and -(1 << 63) < value < 1 << 63 else None
 
 
 def parse_nccl_tests(text: str) -> pl.DataFrame:

@@ -126,7 +126,7 @@ def _each(paths: Iterable[Path], parse: Callable[[str], T], errors: list[str]) -
         try:
             parsed.append(parse(_text(path)))
         except InputError as exc:
-            errors.append(str(exc))
+            errors.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
     return parsed
 
 

@@ -93,6 +93,8 @@ def wrap_sqlite_error(path: Path | str, exc: BaseException) -> InputError:
         what = "is not a SQLite database"
     elif "malformed" in lowered or "corrupt" in lowered:
         what = "is a damaged SQLite database (truncated or corrupt)"
+    elif "decode" in lowered or "utf-8" in lowered:
+        what = "holds text that is not UTF-8 (damaged or not written by nsys)"
     elif "interrupted" in lowered:
         what = "took longer to read than the time limit allows"
     else:
@@ -101,6 +103,12 @@ def wrap_sqlite_error(path: Path | str, exc: BaseException) -> InputError:
         f"{path} {what}: {text}",
         hint="re-export it with `nsys export --type sqlite -o X.sqlite X.nsys-rep` or copy it again",
     )
+
+
+def lenient_text(data: bytes) -> str:
+    """SQLite TEXT as str, bytes that are not UTF-8 replaced (U+FFFD): a file's text (schema, names,
+    metadata) cannot make a read fail by its encoding alone."""
+    return data.decode("utf-8", errors="replace")
 
 
 def sqlite_limits() -> list[tuple[int, int]]:
@@ -127,6 +135,7 @@ def open_readonly(path: Path, *, quick_check: bool = False, deadline: float | No
         conn = sqlite3.connect(readonly_uri(path), uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
         raise wrap_sqlite_error(path, exc) from exc
+    conn.text_factory = lenient_text
     try:
         if hasattr(conn, "setconfig") and hasattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE"):
             conn.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)  # Python 3.12+
@@ -145,7 +154,7 @@ def open_readonly(path: Path, *, quick_check: bool = False, deadline: float | No
                     f"{path} is a damaged SQLite database: quick_check reported {'; '.join(map(str, rows[:3]))}",
                     hint="copy the file again or re-run `nsys export --type sqlite`",
                 )
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
         conn.close()
         raise wrap_sqlite_error(path, exc) from exc
     except InputError:

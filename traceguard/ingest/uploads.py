@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import sqlite3
 import tarfile
 import tempfile
 import zipfile
@@ -28,7 +29,7 @@ from traceguard.ingest.nccl_log import looks_like_nccl_log
 from traceguard.ingest.nsys_rep import is_nsys_rep
 from traceguard.ingest.nsys_sqlite import META_TABLES, NVTX
 from traceguard.ingest.side_inputs import sniff_side_input
-from traceguard.ingest.sqlite_safe import open_readonly, real_tables
+from traceguard.ingest.sqlite_safe import open_readonly, real_tables, wrap_sqlite_error
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -147,6 +148,8 @@ def validate_sqlite(path: Path, *, deadline: float = 120.0) -> None:
         query = f"SELECT name, type, sql FROM sqlite_master WHERE name IN ({placeholders})"
         rows = conn.execute(query, NSYS_TABLES).fetchall()
         tables = real_tables(conn)
+    except sqlite3.Error as exc:
+        raise wrap_sqlite_error(path, exc) from exc
     finally:
         conn.close()
     disguised = sorted(
@@ -264,4 +267,7 @@ def unpack(path: Path, found: Classified, dest: Path, *, max_members: int, max_b
     except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise InputError(f"the archive is corrupt or truncated ({exc})") from exc
+    except (NotImplementedError, RuntimeError, ValueError) as exc:  # zipfile: encrypted, unknown method/version
+        shutil.rmtree(dest, ignore_errors=True)
+        raise InputError(f"the archive uses a feature traceguard does not unpack ({exc})") from exc
     return members

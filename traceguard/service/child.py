@@ -4,16 +4,33 @@ SPEC (JSON): inputs [[path, rank|null]], side {kind: [paths]}, profile, cache_di
 step_patterns [regex].
 OUT receives ``{"report": ...}`` or ``{"error": {"code", "message"[, "hint"]}}``; the parent
 (:mod:`traceguard.service.analysis`) enforces the time limit and stores the outcome.
+
+The message is what the run's owner reads on the failed job: the project's own errors say which
+file is wrong and how; an internal error (a bug) says so in words, with the exception's type and
+text, and its traceback goes to this process's stderr (the server keeps its tail when the child dies).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+
+def internal_error(exc: BaseException) -> dict[str, Any]:
+    """The job's error for an exception that is not the project's own: a bug, said as one."""
+    text = " ".join(str(exc).split())[:300] or "no message"
+    return {
+        "error": {
+            "code": "analysis_error",
+            "message": f"the analysis stopped on an internal error, a bug in traceguard ({type(exc).__name__}: {text})",
+            "hint": "the uploaded files were kept; report the run to the service's operators",
+        }
+    }
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +53,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     except MemoryError:
         return {"error": {"code": "out_of_memory", "message": "the analysis ran out of memory"}}
     except Exception as exc:  # recorded on the job, never lost
-        return {"error": {"code": "analysis_error", "message": f"{type(exc).__name__}: {exc}"}}
+        traceback.print_exc()
+        return internal_error(exc)
 
 
 def main(argv: list[str]) -> int:

@@ -4,12 +4,19 @@ An archive (a run bundle as .tar, .tar.gz or .zip) is unpacked member by member;
 ``manifest.json`` gives the ranks of its captures; members that are not files traceguard reads
 (the job's stdout, per-rank records) are listed as skipped. One damaged or unsafe member refuses
 the whole archive, so a bundle is stored completely or not at all.
+
+Whatever an upload holds, checking it ends in the file being kept or in an
+:class:`~traceguard.errors.InputError` naming it (HTTP 422): a failure of the checks themselves on
+some content (a bug) is logged with its traceback and refuses the file, never answers 500.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -22,6 +29,8 @@ from traceguard.service.context import Context
 from traceguard.store.blobs import BlobWriter
 from traceguard.store.runs import add_file
 from traceguard.store.tables import File, Run
+
+log = logging.getLogger("traceguard.intake")
 
 
 @dataclass
@@ -36,8 +45,33 @@ def _named(exc: InputError, name: str) -> InputError:
     return exc
 
 
-def _validate(ctx: Context, path: Path, kind: Classified, name: str) -> None:
+@contextmanager
+def _checking(name: str) -> Iterator[None]:
+    """Content checks of an uploaded file: InputError named after the file; any other failure (a bug
+    the content triggered) logged with its traceback and turned into a refusal of the file."""
     try:
+        yield
+    except InputError as exc:
+        raise _named(exc, name) from exc
+    except MemoryError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:  # the server's disk, not the upload
+            raise
+        log.exception("checking the upload %r failed on an internal error", name)
+        raise InputError(
+            f"{name}: the file could not be checked ({type(exc).__name__}) and was not stored",
+            hint="it is probably damaged; if it is not, this is a bug in traceguard: report it with the file",
+        ) from exc
+
+
+def _guarded(name: str, check: Callable[[], Classified]) -> Classified:
+    with _checking(name):
+        return check()
+
+
+def _validate(ctx: Context, path: Path, kind: Classified, name: str) -> None:
+    with _checking(name):
         validate(
             path,
             kind,
@@ -45,8 +79,6 @@ def _validate(ctx: Context, path: Path, kind: Classified, name: str) -> None:
             max_expanded_bytes=ctx.settings.max_archive_bytes,
             max_side_bytes=ctx.settings.max_side_file_bytes,
         )
-    except InputError as exc:
-        raise _named(exc, name) from exc
 
 
 def _manifest_ranks(members: dict[str, Path]) -> dict[str, int]:
@@ -59,7 +91,8 @@ def _manifest_ranks(members: dict[str, Path]) -> dict[str, int]:
         except (OSError, ValueError):
             continue
         base = PurePosixPath(name).parent
-        for entry in doc.get("captures", []) if isinstance(doc, dict) else []:
+        captures = doc.get("captures") if isinstance(doc, dict) else None
+        for entry in captures if isinstance(captures, list) else []:
             if isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("rank"), int):
                 ranks[str(base / entry["path"]) if str(base) != "." else entry["path"]] = entry["rank"]
     return ranks
@@ -75,14 +108,11 @@ def receive(
     """
     limits = ctx.settings
     upload.finish()
-    try:
-        found = classify(upload.temp_path)
-    except InputError as exc:
-        raise _named(exc, name) from exc
+    found = _guarded(name, lambda: classify(upload.temp_path))
     intake = Intake()
     if found.is_archive:
         with tempfile.TemporaryDirectory(dir=ctx.blobs.scratch) as tmp:
-            try:
+            with _checking(name):
                 members = unpack(
                     upload.temp_path,
                     found,
@@ -90,18 +120,14 @@ def receive(
                     max_members=limits.max_archive_members,
                     max_bytes=limits.max_archive_bytes,
                 )
-            except InputError as exc:
-                raise _named(exc, name) from exc
-            ranks = _manifest_ranks({m.name: m.path for m in members})
+                ranks = _manifest_ranks({m.name: m.path for m in members})
             accepted: list[tuple[str, Path, Classified]] = []
             for member in members:
                 try:
-                    kind = classify(member.path)
+                    kind = _guarded(f"{name}/{member.name}", lambda path=member.path: classify(path))
                 except UnsupportedFormatError:
                     intake.skipped.append({"name": member.name, "reason": "not a file traceguard reads"})
                     continue
-                except InputError as exc:
-                    raise _named(exc, f"{name}/{member.name}") from exc
                 if kind.is_archive:
                     intake.skipped.append({"name": member.name, "reason": "archives inside archives are not opened"})
                     continue

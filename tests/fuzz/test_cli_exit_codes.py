@@ -1,0 +1,80 @@
+"""Exit codes of the command line (``traceguard.cli`` docstring): 2 for unusable input, 3 for a bug,
+one line each and no traceback unless ``--debug`` / ``TRACEGUARD_DEBUG=1`` asks for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import public_kineto
+from tests.fuzz.targets import REGRESSIONS
+from traceguard import cli
+from traceguard.cli import common
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--debug`` sets TRACEGUARD_DEBUG in this process; put it back after each test."""
+    monkeypatch.setenv("TRACEGUARD_DEBUG", "0")
+
+
+def _broken_analysis(*_args: Any, **_kwargs: Any) -> Any:
+    raise ZeroDivisionError("float division by zero")
+
+
+@pytest.fixture
+def buggy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the analysis, stood in for by an exception no input can cause."""
+    monkeypatch.setattr(common, "analyze", _broken_analysis)
+
+
+def test_a_bug_is_exit_3_with_one_line(buggy: None, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = public_kineto("mi250")
+    code = cli.run(["check", str(trace)])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_BUG == 3
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert lines[-1] == (
+        "error: this is a bug in traceguard: ZeroDivisionError: float division by zero — "
+        "rerun with --debug for the traceback"
+    )
+
+
+@pytest.mark.parametrize("how", ["--debug", "TRACEGUARD_DEBUG"])
+def test_debug_shows_the_traceback_of_a_bug(
+    buggy: None, how: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = str(public_kineto("mi250"))
+    if how == "--debug":
+        code = cli.run(["--debug", "check", trace])
+    else:
+        monkeypatch.setenv("TRACEGUARD_DEBUG", "1")
+        code = cli.run(["check", trace])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "Traceback (most recent call last)" in err and "_broken_analysis" in err
+    assert "this is a bug in traceguard: ZeroDivisionError" in err
+
+
+def test_unusable_input_is_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "rank0.json"
+    empty.write_bytes(b"")
+    broken = REGRESSIONS / "kineto" / "device_out_of_range.json.gz"
+    code = cli.run(["check", str(empty), str(broken)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INPUT == 2
+    assert "Traceback" not in err
+    assert "rank0.json" in err and broken.name in err and "out of range" in err
+
+
+def test_a_failed_check_is_still_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """1 stays the one code a CI gate reads as a regression: exactly when the report's verdict is fail."""
+    report = tmp_path / "report.json"
+    code = cli.run(["check", "--json", str(report), str(public_kineto("nccl_data"))])
+    capsys.readouterr()
+    verdict = json.loads(report.read_text())["verdict"]
+    assert code == (cli.EXIT_CHECK_FAILED if verdict == "fail" else 0), verdict
