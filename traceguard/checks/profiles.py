@@ -85,7 +85,7 @@ def _locate(name_or_path: str) -> Path:
 def _read(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ProfileError(f"profile {path} is not valid TOML: {exc}") from exc
 
 
@@ -95,7 +95,12 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
     seen: set[Path] = set()
     current: str | None = name_or_path
     while current:
-        path = _locate(current).resolve()
+        try:
+            path = _locate(current).resolve()
+        except ProfileError as exc:
+            if chain:  # a name in `extends`: say which profile names it
+                exc.message = f"profile {chain[-1][2]}: `extends`: {exc.message}"
+            raise
         if path in seen:
             raise ProfileError(f"profile {name_or_path!r}: `extends` loops back to {path.name}")
         seen.add(path)
