@@ -72,9 +72,24 @@ def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument(
         "--comm",
-        choices=["ddp", "cpu-staged", "none"],
+        choices=["ddp", "cpu-staged", "per-param", "allreduce", "none"],
         default="ddp",
-        help="ddp; cpu-staged (gradients all-reduced on the CPU); none (no DDP)",
+        help="ddp; cpu-staged (gradients all-reduced on the CPU); per-param (every gradient all-reduced on its "
+        "own, no bucketing: the small-collectives anti-pattern); allreduce (one explicit all-reduce of the "
+        "flattened gradients, no DDP); none (no DDP)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture the training step (forward, backward, gradient all-reduce, optimizer step) as one CUDA graph "
+        "and replay it every step; needs CUDA (--comm ddp becomes allreduce inside the graph)",
+    )
+    p.add_argument(
+        "--cuda-graph-trace",
+        choices=["node", "graph"],
+        default="node",
+        help="with --cuda-graphs and nsys: trace each kernel of a replay (node) or each replay whole (graph, "
+        "nsys's own default, which hides the kernels and NCCL collectives inside)",
     )
     p.add_argument("--static-graph", action="store_true")
     p.add_argument(
@@ -149,6 +164,8 @@ def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
         args.append("--no-bucket-view")
     if cfg.async_op:
         args.append("--async")
+    if getattr(cfg, "cuda_graphs", False):
+        args.append("--cuda-graphs")
     return args
 
 
@@ -240,6 +257,8 @@ def _launch_command(cfg: argparse.Namespace, out: Path, nsys: str | None, cuda: 
     ]
     if cuda:
         profile[3:3] = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+        if getattr(cfg, "cuda_graphs", False):
+            profile.insert(3, f"--cuda-graph-trace={cfg.cuda_graph_trace}")
     return [*launcher, "--no-python", *profile, sys.executable, *job]
 
 
@@ -352,6 +371,11 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     out: Path = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = cuda_available()
+    if getattr(cfg, "cuda_graphs", False) and not cuda:
+        raise SystemExit(
+            "--cuda-graphs needs a CUDA GPU (CUDA graphs replay GPU work); torch sees none on this machine: "
+            "drop --cuda-graphs to run the job eagerly"
+        )
     nsys = find_nsys() if cfg.capture == "nsys" else None
     diagnostics: list[str] = []
     if cfg.capture == "nsys" and nsys is None:
@@ -465,6 +489,8 @@ def _driver_version() -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Sweeps.
 
+_POWERSGD = ["--comm-hook", "powersgd", "--powersgd-start-iter", "2"]
+
 #: Named matrices: setting name → options changed from the sweep's base arguments.
 MATRICES: dict[str, list[tuple[str, list[str]]]] = {
     # The study of issue 4 on two GPUs (ViT-L/32): what each setting engineers reach for costs.
@@ -482,6 +508,45 @@ MATRICES: dict[str, list[tuple[str, list[str]]]] = {
         ("shm_powersgd_hook", ["--no-p2p", "--comm-hook", "powersgd"]),
         ("cpu_staged", ["--comm", "cpu-staged"]),
     ],
+    # The published DDP study (seed document 003) the way it was run: every comparison on ONE
+    # 2000 MB bucket, cumulative (DDP; + static_graph; + gradient_as_bucket_view; + bf16 hook;
+    # PowerSGD in place of bf16), then 25 / 100 MB buckets for the bf16 and PowerSGD variants —
+    # each over P2P and over SHM. PowerSGD compresses from iteration 2 on, before the timed steps.
+    "seed003": [
+        (f"{link}{name}", [*link_options, *options])
+        for link, link_options in (("", []), ("shm_", ["--no-p2p"]))
+        for name, options in (
+            ("ddp", ["--no-bucket-view", "--bucket-cap-mb", "2000"]),
+            ("static_graph", ["--no-bucket-view", "--static-graph", "--bucket-cap-mb", "2000"]),
+            ("bucket_view", ["--static-graph", "--bucket-cap-mb", "2000"]),
+            ("bf16_hook", ["--static-graph", "--bucket-cap-mb", "2000", "--comm-hook", "bf16"]),
+            ("powersgd_hook", ["--static-graph", "--bucket-cap-mb", "2000", *_POWERSGD]),
+            ("bf16_hook_bucket25", ["--static-graph", "--bucket-cap-mb", "25", "--comm-hook", "bf16"]),
+            ("bf16_hook_bucket100", ["--static-graph", "--bucket-cap-mb", "100", "--comm-hook", "bf16"]),
+            ("powersgd_hook_bucket25", ["--static-graph", "--bucket-cap-mb", "25", *_POWERSGD]),
+            ("powersgd_hook_bucket100", ["--static-graph", "--bucket-cap-mb", "100", *_POWERSGD]),
+        )
+    ],
+    # The workloads of seed documents 001-002: broadcast/reduce fp32 vs fp16, blocking vs async;
+    # pipeline GPipe vs 1F1B, blocking vs batched send/recv, on 2 and 4 stages; FSDP2 and TP beside.
+    "seed001-002": [
+        *(
+            (f"bcast_reduce_{dtype}_{mode}", ["--workload", "broadcast-reduce", "--comm-dtype", dtype, *extra])
+            for mode, extra in (("blocking", []), ("async", ["--async"]))
+            for dtype in ("fp32", "fp16")
+        ),
+        *(
+            (
+                f"pipeline{stages}_{schedule}_{calls}",
+                ["--workload", "pipeline", "--world-size", str(stages), "--schedule", schedule, "--p2p", calls],
+            )
+            for stages in (2, 4)
+            for schedule in ("gpipe", "1f1b")
+            for calls in ("blocking", "batched")
+        ),
+        ("fsdp", ["--workload", "fsdp"]),
+        ("tensor_parallel", ["--workload", "tensor-parallel"]),
+    ],
     # A small CPU (gloo) matrix: every code path, fast.
     "cpu": [
         ("ddp", []),
@@ -492,17 +557,39 @@ MATRICES: dict[str, list[tuple[str, list[str]]]] = {
 }
 
 
+#: Options a matrix runs with unless the sweep's base arguments say otherwise: the seed studies time
+#: throughput over 20 steps outside the capture, 3 times (median and spread in the manifest).
+MATRIX_DEFAULTS: dict[str, list[str]] = {
+    "seed003": ["--warmup", "3", "--timed", "20", "--repeats", "3"],
+    "seed001-002": ["--warmup", "3", "--timed", "20", "--repeats", "3", "--microbatches", "8"],
+}
+
+
 def sweep(base: list[str], matrix: str, out: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Run every setting of ``matrix`` into ``out/<setting>/``; writes ``out/sweep.json``."""
+    """Run every setting of ``matrix`` into ``out/<setting>/``; writes ``out/sweep.json``.
+
+    With ``only``, the settings run before into the same ``out`` (an earlier ``sweep.json`` of the
+    same matrix) stay listed: a sweep split over several calls ends with one table."""
     if matrix not in MATRICES:
         raise SystemExit(f"unknown matrix {matrix!r}; choose one of {', '.join(MATRICES)}")
     out.mkdir(parents=True, exist_ok=True)
+    earlier: dict[str, dict[str, Any]] = {}
+    if only and (out / "sweep.json").exists():
+        previous = json.loads((out / "sweep.json").read_text())
+        if previous.get("matrix") == matrix:
+            earlier = {s["name"]: s for s in previous.get("settings", [])}
     results = []
     for name, extra in MATRICES[matrix]:
         if only and name not in only:
+            if name in earlier:
+                results.append(earlier[name])
             continue
-        cfg = run_parser().parse_args([*base, *extra, "--out", str(out / name)])
+        cfg = run_parser().parse_args([*MATRIX_DEFAULTS.get(matrix, []), *base, *extra, "--out", str(out / name)])
         print(f"== {name}: {' '.join(extra) or '(base)'}", flush=True)
+        if problem := workload_refusal(cfg):
+            print(f"   refused: {problem}", flush=True)
+            results.append({"name": name, "options": extra, "bundle": name, "exit_status": 2, "refused": problem})
+            continue
         manifest = run_bundle(cfg)
         print(
             f"   exit {manifest['exit_status']} in {manifest['seconds']} s, "
@@ -515,7 +602,9 @@ def sweep(base: list[str], matrix: str, out: Path, only: list[str] | None = None
 
 
 def run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="traceguard harness run", description="Run the instrumented DDP job once.")
+    p = argparse.ArgumentParser(
+        prog="traceguard harness run", description="Run the instrumented job (DDP or another --workload) once."
+    )
     add_job_options(p)
     p.add_argument("--out", type=Path, required=True, help="bundle directory to write")
     return p

@@ -89,7 +89,8 @@ def bench_collectives_command(
 
 
 harness_app = typer.Typer(
-    help=r"Run the instrumented DDP job (needs traceguard\[harness]) and sweeps of settings.",
+    help=r"Run the instrumented job — DDP, pipeline, broadcast-reduce, FSDP, tensor parallel — (needs "
+    r"traceguard\[harness]) and sweeps of settings.",
     no_args_is_help=True,
 )
 app.add_typer(harness_app, name="harness")
@@ -133,11 +134,14 @@ def harness_table(
     for setting in sweep["settings"]:
         bundle = sweep_dir / setting["bundle"]
         manifest = orjson.loads((bundle / "manifest.json").read_bytes()) if (bundle / "manifest.json").exists() else {}
-        try:
-            report = analyze([str(bundle)], profile=profile).report
-        except TraceguardError as exc:
-            err.print(f"[yellow]{escape(setting['name'])}[/]: {escape(exc.message)}")
-            report = None
+        report = None
+        if setting.get("refused"):  # the harness refused the combination before any rank started
+            manifest = {"exit_status": setting.get("exit_status"), "refused": setting["refused"]}
+        else:
+            try:
+                report = analyze([str(bundle)], profile=profile).report
+            except TraceguardError as exc:
+                err.print(f"[yellow]{escape(setting['name'])}[/]: {escape(exc.message)}")
         rows.append(row(setting["name"], setting["options"], manifest, report))
     (sweep_dir / "results.json").write_bytes(
         orjson.dumps({"profile": profile, "matrix": sweep["matrix"], "rows": rows}, option=orjson.OPT_INDENT_2)
