@@ -81,8 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cuda_graphs:
         if not torch.cuda.is_available():
             p.error("--cuda-graphs needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
-        if args.comm == "cpu-staged":
-            p.error("--cuda-graphs cannot hold --comm cpu-staged (host copies do not replay in a CUDA graph)")
+        if args.workload != "ddp":
+            p.error(f"--cuda-graphs captures the ddp workload's step; --workload {args.workload} is not graphed")
+        if args.comm in ("cpu-staged", "per-param"):
+            p.error(f"--cuda-graphs holds --comm allreduce (or ddp, which becomes it) or none, not {args.comm}")
         if args.comm == "ddp":
             # DDP's reducer hooks are not captured into a graph; an explicit all-reduce is (Megatron-style).
             args.comm = "allreduce"

@@ -701,13 +701,15 @@ def capture_health(result: RunResult, config: RuleConfig) -> CheckResult:
                     "events": h["negative_durations"],
                 }
             )
+        if h.get("graph_executions"):
+            problems.append(_graph_problem(r.rank, h))
     status = FAIL if usable == 0 else WARN if problems else PASS
     counts = {k: sum(r.health[k] for r in result.ranks) for k in ("gpu_ops", "ranges", "steps")}
     if status == PASS:
         message = (
             f"{len(result.ranks)} rank(s): {counts['gpu_ops']} GPU ops, {counts['ranges']} ranges, "
             f"{counts['steps']} steps"
-        )
+        ) + _graph_note(result)
     else:
         message = "; ".join(f"rank {p['rank']}: {p['problem']}" for p in problems[:4])
     return CheckResult(
@@ -717,8 +719,45 @@ def capture_health(result: RunResult, config: RuleConfig) -> CheckResult:
         message=message,
         reason=None,
         evidence=problems,
-        remedy=CAPTURE_HEALTH_REMEDY if status != PASS else None,
+        remedy=(CAPTURE_HEALTH_REMEDY + _graph_remedy(problems)) if status != PASS else None,
     )
+
+
+def _share_of_busy(part: int, busy: int) -> str:
+    return f" = {part / busy:.0%} of the GPU busy time" if busy else ""
+
+
+def _graph_problem(rank: int, h: dict[str, Any]) -> dict[str, Any]:
+    """CUDA graphs traced whole (metrics.graphs): how much GPU time they hide."""
+    return {
+        "rank": rank,
+        "severity": WARN,
+        "problem": f"{h['graph_executions']} CUDA graph executions ({format_ns(h['graph_ns'])}"
+        f"{_share_of_busy(h['graph_ns'], h['gpu_busy_ns'])}) were traced whole (nsys --cuda-graph-trace=graph): "
+        "the kernels, copies and NCCL collectives inside them are hidden, so the NCCL and copy checks skip",
+        "cuda_graph_trace": h["cuda_graph_trace"],
+        "graph_executions": h["graph_executions"],
+        "graph_ns": h["graph_ns"],
+        "gpu_busy_ns": h["gpu_busy_ns"],
+    }
+
+
+def _graph_note(result: RunResult) -> str:
+    """For a healthy capture of graph replays: the trace mode and the GPU time graphs launched."""
+    launched = [r.health for r in result.ranks if r.health.get("graph_launched_ops")]
+    if not launched:
+        return ""
+    ops = sum(h["graph_launched_ops"] for h in launched)
+    ns = sum(h["graph_launched_ns"] for h in launched)
+    busy = sum(h["gpu_busy_ns"] for h in launched)
+    share = _share_of_busy(ns, busy)
+    return f"; CUDA graphs traced node by node: {ops} GPU ops in graph replays ({format_ns(ns)}{share})"
+
+
+def _graph_remedy(problems: list[dict[str, Any]]) -> str:
+    if not any(p.get("cuda_graph_trace") for p in problems):
+        return ""
+    return " For CUDA graph replays, `nsys profile --cuda-graph-trace=node` records the kernels inside each graph."
 
 
 def verdict(checks: list[CheckResult]) -> str:

@@ -41,6 +41,8 @@ SIZE_BANDS: tuple[tuple[str, int, int | None], ...] = (
     ("16–256 MiB", 16 << 20, 256 << 20),
     ("≥ 256 MiB", 256 << 20, None),
 )
+#: The collective of an NCCL kernel whose name says none.
+OTHER = "Other"
 #: c10d annotations PyTorch's profiler records around a collective call: ``<backend>:<op>``.
 C10D_ANNOTATION = r"^(?:nccl|gloo|mpi|ucc|xccl):([a-z_]+)"
 #: c10d op → collective type (the names NCCL's kernels use).

@@ -180,6 +180,7 @@ def build(
                             "phases",
                         )
                     }
+                    | {"graph_ns": s.get("graph_ns", 0)}  # GPU time in CUDA graph executions (metrics.graphs)
                     for s in r.steps
                 ],
                 "collectives": _collectives(r.collectives),
