@@ -207,7 +207,8 @@ class Analysis:
         """Every memcpy and memset of the captures (the whole capture, not only the analysis
         window the metrics count), per rank, kind and direction: ops, Σ bytes, Σ durations.
 
-        Needs the captures: None-free only for an Analysis run here (not :meth:`from_report`)."""
+        Needs the captures: available on an Analysis run here, not on one :meth:`from_report` made
+        (ValueError)."""
         if self.raw is None:
             raise ValueError("copies need the captures: this Analysis was loaded from a report")
         parts = []
