@@ -85,7 +85,10 @@ def analyze(
     say(f"analysing {len(loaded.ranks)} rank(s)")
     patterns = [*(step_patterns or []), *chosen.step_patterns]
     result = analyse_run(
-        [(r.rank, r.capture) for r in loaded.ranks], step_patterns=patterns, step_sources=step_sources
+        [(r.rank, r.capture) for r in loaded.ranks],
+        step_patterns=patterns,
+        step_sources=step_sources,
+        small_bytes=_param(chosen, "small_collectives", "small_bytes"),
     )
     links = analyse_links(
         side,

@@ -45,6 +45,8 @@ METRIC_OF = {
     "pcie_saturation": "pcie_saturation",
     "p2p_utilization": "p2p_utilization",
     "allreduce_latency": "allreduce_small_latency_us",
+    # Small collectives (metrics/small_collectives.py).
+    "small_collectives": "small_collective_time_share",
 }
 
 
@@ -223,6 +225,7 @@ FAILING_VALUE = {
     "pcie_saturation": 0.9,
     "p2p_utilization": 0.6,
     "allreduce_small_latency_us": 42.0,
+    "small_collective_time_share": 0.9,
 }
 
 

@@ -237,3 +237,23 @@ def test_allreduce_run_draws_types_and_says_why_no_peers(browser, report_page) -
         assert reason.endswith(report["run"]["peer_matrix"]["null_reason"])
     finally:
         context.close()
+
+
+def test_payload_size_histogram_renders(browser, report_page) -> None:
+    """The P2P run's one 2000 MB bucket a step: every call in the '≥ 256 MiB' band, as the report's
+    size rows say, and the page explains the latency- and bandwidth-bound regimes."""
+    report, path = report_page
+    sized = sum(r["metrics"]["collective_calls_sized"] for r in report["ranks"])
+    context, page, errors = _open(browser, path)
+    try:
+        page.wait_for_selector("#collective-sizes svg.main-svg", timeout=15_000)
+        assert errors == []
+        traces = page.evaluate(
+            "() => document.getElementById('collective-sizes').data.map(t => ({name: t.name, x: t.x, y: t.y}))"
+        )
+        allreduce = next(t for t in traces if t["name"] == "AllReduce")
+        assert sum(allreduce["y"]) == sized > 0
+        assert allreduce["y"][allreduce["x"].index("≥ 256 MiB")] == sized
+        assert "latency-bound" in page.locator("#size-regimes").inner_text()
+    finally:
+        context.close()

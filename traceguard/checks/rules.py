@@ -288,6 +288,34 @@ def _nccl_span_found(result: RunResult) -> str:
     return f"{format_ns(span) if span is not None else 'unknown'} of GPU work in {_plural(steps, 'step')}"
 
 
+def _collective_calls_found(result: RunResult) -> str:
+    text = _count(result, "collective_calls_sized", "sized collective call")
+    steps, per_step = _m(result, "step_count"), _m(result, "collective_calls_per_step")
+    if steps:
+        text += f" over {_plural(steps, 'step')}"
+        if per_step is not None and steps > 1:
+            text += f" = {per_step:.3g} per step"
+    return text
+
+
+def _small_evidence(result: RunResult) -> list[dict[str, Any]]:
+    """Per rank: small calls, their shares and per-step count; then the issuers of small calls."""
+    rows = _rank_evidence(
+        result,
+        "small_collective_time_share",
+        extra=(
+            "small_collective_calls",
+            "collective_calls_sized",
+            "small_collective_share",
+            "small_collectives_per_step",
+        ),
+    )
+    for r in result.ranks:
+        for offender in (r.small_collectives or {}).get("offenders", [])[:3]:
+            rows.append({"rank": r.rank, **offender})
+    return rows
+
+
 def _host_copies_found(result: RunResult) -> str:
     moved = _m(result, "host_device_bytes")
     steps, per_step = _m(result, "step_count"), _m(result, "host_device_bytes_per_step")
@@ -535,6 +563,31 @@ RULES: dict[str, Rule] = {
                     "too few sizes for a median: one noisy size would decide",
                 ),
             ),
+        ),
+        Rule(
+            "small_collectives",
+            "Communication split into small collectives",
+            "small_collective_time_share",
+            "share",
+            "Batch the communication into fewer, larger collectives: each launch pays a fixed latency and a "
+            "message under a megabyte never reaches the link's bandwidth. DDP: raise `bucket_cap_mb` (25–100) "
+            "and never all-reduce parameters one by one by hand; many tensors: "
+            "`torch.distributed.all_reduce_coalesced` or a `_coalescing_manager` block (one launch for a "
+            "group); FSDP: wrap larger units (`auto_wrap_policy` with a larger `min_num_params`, one unit per "
+            "transformer block rather than per layer); metrics: sync them every N steps, or gather them in "
+            "one tensor first.",
+            _small_evidence,
+            floors=(
+                Floor(
+                    "min_calls_per_step",
+                    "collective_calls_per_step",
+                    "call",
+                    _collective_calls_found,
+                    "too few collective calls per step to be split into many: no finding",
+                    finding=True,
+                ),
+            ),
+            step_based=True,
         ),
     )
 }

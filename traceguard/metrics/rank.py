@@ -131,7 +131,7 @@ def analyse_rank(
     if graph_summary["graph_executions"]:
         by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
     small_metrics, small_null, small_details = small.small_collectives(
-        _collective_calls(capture, nccl_ops, steps), step_count, small_bytes
+        _collective_calls(capture, nccl_ops, steps, phases), step_count, small_bytes
     )
     m.update(small_metrics)
     null.update(small_null)
@@ -467,20 +467,26 @@ def _issued_by(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
     return dtoh.with_columns(pl.lit(None, dtype=pl.String).alias("nvtx_range"))
 
 
-def _collective_calls(capture: Capture, nccl_ops: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def _collective_calls(
+    capture: Capture, nccl_ops: pl.DataFrame, steps: pl.DataFrame, phases: pl.DataFrame
+) -> pl.DataFrame:
     """The rank's collective calls inside its steps (metrics.small_collectives.CALL_SCHEMA): its
-    NCCL kernels, or without any, the c10d annotations (``gloo:all_reduce`` ...) of a CPU job."""
+    NCCL kernels, or without any, the c10d annotations (``gloo:all_reduce`` ...) of a CPU job.
+    ``issuer``: the innermost range open on the launching thread, else the step's phase the call
+    falls in (DDP launches from autograd's or gloo's own thread), else the launching API call."""
+    phase_names = phases.select(pl.col("phase_id").cast(pl.Int64), pl.col("name").alias("_phase"))
     if nccl_ops.height:
         kernels = nccl_ops.filter(pl.col("step_id").is_not_null())
         if kernels.height == 0:
             return pl.DataFrame(schema=small.CALL_SCHEMA)
-        kernels = _issued_by(kernels, capture)
+        kernels = _issued_by(kernels, capture).with_columns(pl.col("phase_id").cast(pl.Int64))
+        kernels = kernels.join(phase_names, on="phase_id", how="left")
         return kernels.select(
             pl.col("collective").cast(pl.String).fill_null(small.OTHER),
             (pl.col("end") - pl.col("start")).alias("duration_ns"),
             pl.col("msg_bytes").alias("payload_bytes"),
             pl.col("step_id").cast(pl.Int64),
-            pl.coalesce("nvtx_range", "api_call").alias("issuer"),
+            pl.coalesce("nvtx_range", "_phase", "api_call").alias("issuer"),
         )
     calls = small.annotation_calls(capture.ranges)
     if calls.height == 0 or steps.height == 0:
@@ -493,13 +499,24 @@ def _collective_calls(capture: Capture, nccl_ops: pl.DataFrame, steps: pl.DataFr
         ["pid"],
     )
     parents = capture.ranges.select(pl.col("range_id").alias("parent"), pl.col("name").alias("_parent_name"))
-    calls = calls.with_columns(step_id).join(parents, on="parent", how="left")
-    return calls.filter(pl.col("step_id").is_not_null()).select(
+    calls = calls.with_columns(step_id).join(parents, on="parent", how="left").filter(pl.col("step_id").is_not_null())
+    if phases.height and calls.height:
+        phase_id = containing_ids(
+            calls.select("pid", "step_id", "start"),
+            "start",
+            phases.select("pid", pl.col("step_id").cast(pl.Int64), "start", "end", pl.col("phase_id").cast(pl.Int64)),
+            "phase_id",
+            ["pid", "step_id"],
+        )
+        calls = calls.with_columns(phase_id).join(phase_names, on="phase_id", how="left")
+    else:
+        calls = calls.with_columns(pl.lit(None, dtype=pl.String).alias("_phase"))
+    return calls.select(
         "collective",
         (pl.col("end") - pl.col("start")).alias("duration_ns"),
         "payload_bytes",
         "step_id",
-        pl.coalesce("_parent_name", "name").alias("issuer"),
+        pl.coalesce("_parent_name", "_phase", "name").alias("issuer"),
     )
 
 

@@ -54,6 +54,15 @@ EXTRA_METRICS = (
     "host_device_bytes_per_step",
     "pageable_host_bytes_per_step",
     "gpu_to_cpu_copies_per_step",
+    # Small collectives (metrics.small_collectives) and their rule's evidence.
+    "collective_calls_sized",
+    "collective_calls_per_step",
+    "small_collective_calls",
+    "small_collective_ns",
+    "sized_collective_ns",
+    "small_collective_share",
+    "small_collective_time_share",
+    "small_collectives_per_step",
 )
 RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models", "straggler_steps_compared", "gpu_model_ranks")
 LINK_METRICS = (
@@ -185,6 +194,7 @@ def build(
                 ],
                 "collectives": _collectives(r.collectives),
                 "collectives_by_type": _by_type(r.collectives_by_type),
+                "small_collectives": r.small_collectives or None,
                 "peers": r.peers or {"rows": [], "null_reason": NO_RANKS},
                 "workload": r.workload or workload_entry(),
                 "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,

@@ -15,6 +15,7 @@ from plotly.offline import get_plotlyjs
 
 from traceguard.checks.rules import format_value
 from traceguard.report.nccl import pair_transports, transport_order
+from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.timeline import timeline_figure
 from traceguard.report.units import value_h
@@ -128,6 +129,24 @@ def collectives_by_type_figure(doc: dict[str, Any]) -> go.Figure | None:
         height=420,
         margin={"t": 60},
     )
+    return fig
+
+
+def collective_sizes_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Collective calls inside the steps per payload band, one bar per collective type (all ranks)."""
+    rows = size_rows(doc)
+    if not rows:
+        return None
+    labels = bands()
+    totals: dict[str, list[int]] = {}
+    for _, collective, counts in rows:
+        bars = totals.setdefault(collective, [0] * len(labels))
+        for i, label in enumerate(labels):
+            bars[i] += counts.get(label, 0)
+    fig = go.Figure([go.Bar(name=collective, x=labels, y=bars) for collective, bars in totals.items()])
+    bound = small_bytes(doc)
+    title = "Collective calls by payload size" + (f" (small: < {bound / 2**20:g} MiB)" if bound else "")
+    fig.update_layout(title=title, barmode="group", yaxis_title="calls", height=360, margin={"t": 50})
     return fig
 
 
@@ -330,9 +349,12 @@ def render(
         ("transport-matrix", transport_figure(doc)),
         ("collectives-by-type", collectives_by_type_figure(doc)),
         ("peer-matrix", peer_matrix_figure(doc)),
+        ("collective-sizes", collective_sizes_figure(doc)),
     ):
         if fig is not None:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))
+    if size_rows(doc):
+        parts.append(f"<p id='size-regimes' class='muted'>{_e(REGIMES)}</p>")
     if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
     parts += _collectives_table(doc, collective)

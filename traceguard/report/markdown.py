@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.units import bytes_h, ms, pct, value_h
 
@@ -14,6 +15,38 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return out
+
+
+def sizes_section(doc: dict[str, Any]) -> list[str]:
+    """Collective calls inside the steps per payload band, and the small calls' issuers."""
+    rows = size_rows(doc)
+    if not rows:
+        return []
+    bound = small_bytes(doc)
+    lines = ["", "## Collective payload sizes", ""]
+    if bound:
+        lines += [f"Calls inside the steps by payload (small: < {bytes_h(bound)}). {REGIMES}", ""]
+    labels = bands()
+    lines += table(
+        ["rank", "collective", *labels],
+        [[str(rank), collective, *(str(counts.get(b, 0)) for b in labels)] for rank, collective, counts in rows],
+    )
+    offenders = [
+        [
+            str(rank["rank"]),
+            o["collective"],
+            o.get("issuer") or "—",
+            str(o["calls"]),
+            bytes_h(o["min_bytes"]),
+            bytes_h(o["max_bytes"]),
+        ]
+        for rank in doc["ranks"]
+        for o in (rank.get("small_collectives") or {}).get("offenders", [])
+    ]
+    if offenders:
+        lines += ["", "Small calls by issuer:", ""]
+        lines += table(["rank", "collective", "issued by", "calls", "smallest", "largest"], offenders)
+    return lines
 
 
 #: Per-step collective rows shown per rank (the JSON report has all of them).
@@ -92,6 +125,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
     lines += collectives_section(doc)
+    lines += sizes_section(doc)
     for rank in doc["ranks"]:
         lines += ["", f"## Rank {rank['rank']}", ""]
         if rank["steps"]:
