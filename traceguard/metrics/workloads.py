@@ -151,7 +151,15 @@ def _bubble(ops: pl.DataFrame, steps: pl.DataFrame) -> tuple[float | None, list[
         span = int(s1 - s0)
         idle = span - int(cov or 0)
         idle_total, span_total = idle_total + idle, span_total + span
-        per_step.append({"step": name, "span_ns": span, "idle_ns": idle, "bubble": idle / span if span else None})
+        per_step.append(
+            {
+                "step": name,
+                "gpu_start_ns": int(s0),
+                "span_ns": span,
+                "idle_ns": idle,
+                "bubble": idle / span if span else None,
+            }
+        )
     if not span_total:
         return None, per_step, "the steps have no GPU span"
     return idle_total / span_total, per_step, None
