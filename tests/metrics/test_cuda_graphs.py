@@ -226,3 +226,13 @@ def test_reports_of_graph_replays_are_schema_valid(unpacked, name: str) -> None:
     Draft202012Validator(schema).validate(json.loads(json.dumps(report)))
     graph_ns = [s["graph_ns"] for s in report["ranks"][0]["steps"]]
     assert all(g > 0 for g in graph_ns) if name.startswith("graph_level") else not any(graph_ns)
+
+
+def test_timeline_has_a_lane_of_graph_executions(graph_level: Path, graph_report: dict) -> None:
+    with sqlite3.connect(f"file:{graph_level}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE ORDER BY start").fetchall()
+    timeline = graph_report["timeline"]["ranks"][0]
+    (lane,) = [lane for lane in timeline["lanes"] if lane["kind"] == "graph"]
+    origin = timeline["origin_ns"]
+    assert list(zip(lane["start"], lane["end"], strict=True)) == [(s - origin, e - origin) for s, e in rows]
+    assert sum(lane["busy"]) == sum(e - s for s, e in rows)

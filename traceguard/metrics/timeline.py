@@ -11,6 +11,8 @@ Lanes, over the rank's analysis window (the ops the metrics count), times in ns 
 - ``exposed``: NCCL time that no compute kernel covers on the same device (per device: the NCCL
   union minus the compute union) — the intervals ``nccl_exposed_ns`` sums.
 - ``memcpy``: the union of memcpy and memset ops.
+- ``cuda graphs``: the union of CUDA graph executions traced whole (kind ``graph``,
+  :mod:`traceguard.metrics.graphs`): GPU time whose kernels the capture does not show.
 
 A screen shows a couple of thousand segments per lane, a 10 M-kernel capture has millions: when a
 lane's union has more than ``max_segments`` pieces, the shortest gaps are closed until it has
@@ -33,10 +35,11 @@ from traceguard.model import OP_KINDS
 #: Segments per lane a timeline keeps at most (about the pixels across a wide screen).
 MAX_SEGMENTS = 1500
 #: Lane kinds, in the order lanes are listed.
-LANE_KINDS: tuple[str, ...] = ("step", "phase", "compute", "nccl", "exposed", "memcpy")
+LANE_KINDS: tuple[str, ...] = ("step", "phase", "compute", "graph", "nccl", "exposed", "memcpy")
 
 _KERNEL = OP_KINDS.index("kernel")
 _COPY_CODES = (OP_KINDS.index("memcpy"), OP_KINDS.index("memset"))
+_GRAPH = OP_KINDS.index("graph")
 
 
 def union_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,6 +167,7 @@ def rank_timeline(
 
     compute = keep & (kind == _KERNEL) & ~ops["is_nccl"].fill_null(False).to_numpy()
     copies = keep & np.isin(kind, _COPY_CODES)
+    graphs = keep & (kind == _GRAPH)
     del keep, kind
     lanes: list[dict[str, Any]] = []
 
@@ -212,6 +216,9 @@ def rank_timeline(
             np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         )
         lanes.append(_lane("compute", "compute", s, e, origin, max_segments))
+    if graphs.any():
+        s, e = union_intervals(start[graphs], end[graphs])
+        lanes.append(_lane("cuda graphs", "graph", s, e, origin, max_segments))
 
     nccl_timed = nccl_ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
     if nccl_timed.height:

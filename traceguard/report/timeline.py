@@ -17,6 +17,7 @@ KIND_COLOUR = {
     "step": "#8c959f",
     "phase": "#8250df",
     "compute": "#2da44e",
+    "graph": "#116329",
     "exposed": "#cf222e",
     "memcpy": "#d4a72c",
 }
