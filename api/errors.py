@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from traceguard.errors import TraceguardError, UnsupportedFormatError
@@ -61,7 +62,61 @@ def error_body(code: str, message: str, hint: str | None = None) -> dict[str, An
     return {"error": body}
 
 
+#: Routes anyone may call; every other documented route needs ``Authorization: Bearer <token>``.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: What every authenticated route may answer besides its own codes, in the one error shape.
+_COMMON_ERRORS = {
+    "401": "no token, or a token that is unknown, revoked or expired",
+    "403": "the token lacks the scope this route needs",
+    "422": "a parameter or the body is not valid",
+}
+
+
+def document(spec: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document made to say what the handlers do: bearer authentication on every route
+    but :data:`PUBLIC_PATHS`, and the error shape on every 4xx/5xx answer (schemathesis checks both)."""
+    from api.schemas import ErrorResponse
+
+    components = spec.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas.setdefault("ErrorResponse", ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}"))
+    for name, sub in schemas["ErrorResponse"].pop("$defs", {}).items():
+        schemas.setdefault(name, sub)
+    components.setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a project token (`traceguard token create`), as `Authorization: Bearer <token>`",
+    }
+    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, operations in spec.get("paths", {}).items():
+        for operation in operations.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            if path not in PUBLIC_PATHS:
+                operation["security"] = [{"bearer": []}]
+                for status, description in _COMMON_ERRORS.items():
+                    responses.setdefault(status, {"description": description})
+            if "requestBody" in operation:
+                responses.setdefault("400", {"description": "the body cannot be parsed (not JSON, broken multipart)"})
+            for status, response in responses.items():
+                # FastAPI documents its own 422 body ({"detail": [...]}); ours is the one error shape.
+                generated = "HTTPValidationError" in str(response.get("content", ""))
+                if status[:1] in ("4", "5") and (generated or not response.get("content")):
+                    response["content"] = error_content
+    return spec
+
+
 def install(app: FastAPI) -> None:
+    original_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(original_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(TraceguardError)
     async def _traceguard(_request: Request, exc: TraceguardError) -> JSONResponse:
         return JSONResponse(exc.to_dict(), status_code=status_of(exc), headers=getattr(exc, "headers", None))
@@ -80,6 +135,14 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()[:5]
         )
         return JSONResponse(error_body("invalid_request", problems), status_code=422)
+
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def _out_of_range(_request: Request, exc: Exception) -> JSONResponse:
+        # An id or count the database cannot hold (SQLite: beyond 64 bits; PostgreSQL: beyond the
+        # column's integer type) names nothing that exists: the request's fault, not the server's.
+        message = "a number in the request is out of range for this service (ids and counts are 32-bit)"
+        return JSONResponse(error_body("invalid_request", message), status_code=422)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

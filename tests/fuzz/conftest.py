@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# The service fixtures (a fresh store on SQLite and on PostgreSQL) for the API tests here.
+from tests.service.conftest import api, database_url, settings  # noqa: F401
+
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
