@@ -219,6 +219,10 @@ def test_pipeline_peer_matrix_matches_the_manifest_and_the_raw_trace(bundle) -> 
         assert row["profiler_sent_bytes_per_step"] == sum(map(_annotation_bytes, sends)) / steps == per_step
         assert row["profiler_received_bytes_per_step"] == sum(map(_annotation_bytes, recvs)) / steps == per_step
     assert b.report["run"]["workload"]["kind"] == "pipeline"
+    from traceguard.report.markdown import render
+
+    text = render(b.report)
+    assert "## Workload: pipeline" in text and f"| 0 | 1 | {per_step // 1024}.0 KiB |" in text
     for rank in b.report["ranks"]:
         assert all(list(s["phases"]) == ["get batch", "forward", "backward", "optimizer step"] for s in rank["steps"])
         assert rank["workload"]["bubble"] is None

@@ -125,6 +125,9 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
     lines += collectives_section(doc)
+    from traceguard.report.workloads import workload_section  # it renders with this module's table()
+
+    lines += workload_section(doc)
     lines += sizes_section(doc)
     for rank in doc["ranks"]:
         lines += ["", f"## Rank {rank['rank']}", ""]
