@@ -65,14 +65,17 @@ def graph_launch_name_ids(strings: pl.DataFrame) -> pl.Series:
 
 
 def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict[str, Any]:
-    """Graph executions and graph-launched ops of the window (``ops`` filtered by ``mask``)."""
-    window = ops.filter(mask)
+    """Graph executions and graph-launched ops of the window (``ops`` where ``mask``). Counts
+    first, over two columns (a 10 M-op capture without graphs pays one pass, no copy); the unions
+    only when there are graphs."""
     is_graph = pl.col("kind") == "graph"
+    in_window = pl.lit(mask.fill_null(False))
     launched = pl.lit(False)
-    if "launch_name_id" in window.columns:
-        ids = graph_launch_name_ids(strings).cast(window.schema["launch_name_id"])
-        launched = ~is_graph & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
-    counts = window.select(is_graph.sum().alias("graph"), launched.sum().alias("launched")).row(0)
+    if "launch_name_id" in ops.columns:
+        ids = graph_launch_name_ids(strings).cast(ops.schema["launch_name_id"])
+        if ids.len():
+            launched = ~is_graph & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
+    counts = ops.select((is_graph & in_window).sum().alias("g"), (launched & in_window).sum().alias("l")).row(0)
     graph_count, launched_count = int(counts[0] or 0), int(counts[1] or 0)
     mode = (
         "mixed"
@@ -83,18 +86,25 @@ def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict
         if launched_count
         else None
     )
-
-    def busy(frame: pl.DataFrame) -> int:
-        return int(union_ns(frame.lazy(), ["device"]).collect()["union_ns"].sum() or 0) if frame.height else 0
-
-    return {
+    summary: dict[str, Any] = {
         "cuda_graph_trace": mode,
         "graph_executions": graph_count,
-        "graph_ns": busy(window.filter(is_graph)),
+        "graph_ns": 0,
         "graph_launched_ops": launched_count,
-        "graph_launched_ns": busy(window.filter(launched)),
-        "gpu_busy_ns": busy(window),
+        "graph_launched_ns": 0,
+        "gpu_busy_ns": None,
     }
+    if mode is None:
+        return summary
+
+    def busy(condition: pl.Expr) -> int:
+        frame = ops.lazy().filter(condition & in_window).select("device", "start", "end").drop_nulls(["start", "end"])
+        return int(union_ns(frame, ["device"]).collect()["union_ns"].sum() or 0)
+
+    summary["graph_ns"] = busy(is_graph) if graph_count else 0
+    summary["graph_launched_ns"] = busy(launched) if launched_count else 0
+    summary["gpu_busy_ns"] = busy(pl.lit(True))
+    return summary
 
 
 def hidden_reason(summary: dict[str, Any]) -> str:
