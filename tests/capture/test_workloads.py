@@ -156,6 +156,22 @@ def test_seed001_002_covers_dtypes_async_schedules_and_stages() -> None:
     assert all(harness.workload_refusal(c) is None for c in cfgs)
 
 
+@pytest.mark.slow
+def test_seed003_powersgd_compresses_in_the_timed_steps(tmp_path: Path) -> None:
+    """The seed003 PowerSGD setting as the matrix runs it (its warm-up and start iteration), on gloo."""
+    options = dict(harness.MATRICES["seed003"])["powersgd_hook"]
+    out = tmp_path / "b"
+    base = ["--world-size", "2", "--mlp-width", "64", "--mlp-depth", "2", "--timed", "2", "--repeats", "2"]
+    assert harness.main(["run", "--warmup", "3", *base, *options, "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["throughput_repeats_steps_per_s"]) == 2 and manifest["throughput_spread"] is not None
+    for r in range(2):
+        ddp = json.loads((out / f"rank{r}.json").read_text())["ddp"]
+        assert ddp["registered_comm_hook"] == "powerSGD_hook" and ddp["bucket_cap_bytes"] == 2000 * 1024 * 1024
+        assert ddp["static_graph"] and ddp["gradient_as_bucket_view"]
+        assert ddp["powersgd_iter_before_timed"] >= ddp["powersgd_start_iter"]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
