@@ -262,6 +262,10 @@ def build_pipeline(
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
+    if dist.is_initialized():
+        # NCCL: a batch_isend_irecv that is the group's first collective must involve every rank;
+        # a barrier first makes the pairs' transfers never be that.
+        dist.barrier()
     info = {
         "stages": world,
         "stage": rank,
