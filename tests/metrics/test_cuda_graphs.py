@@ -131,8 +131,10 @@ def test_graph_level_allreduce_inside_the_graph_cannot_pass_nccl_step_share(grap
         assert key not in rank["metrics"] or NODE_FIX in rank["metrics"]["null_reasons"][key]
     assert rank["collectives_by_type"]["totals"] == []
     assert NODE_FIX in rank["collectives_by_type"]["null_reasons"]["totals"]
-    for rule in ("gpu_to_cpu_copy_rate", "dtod_copy_volume"):
-        assert _check(graph_report, rule)["status"] == "skip"
+    assert rank["peers"]["rows"] == [] and NODE_FIX in rank["peers"]["null_reason"]
+    for rule in ("gpu_to_cpu_copy_rate", "dtod_copy_volume", "small_collectives"):
+        check = _check(graph_report, rule)
+        assert check["status"] == "skip" and NODE_FIX in check["reason"], rule
 
 
 def test_graph_level_capture_health_reports_graph_time(graph_level: Path, graph_report: dict) -> None:

@@ -56,6 +56,15 @@ HIDDEN_BY_GRAPHS: tuple[str, ...] = (
     "dtod_bytes_per_step",
     "peer_copies",
     "peer_bytes",
+    # metrics.small_collectives: the collective calls a step makes, their sizes and time.
+    "collective_calls_sized",
+    "collective_calls_per_step",
+    "small_collective_calls",
+    "small_collective_ns",
+    "sized_collective_ns",
+    "small_collective_share",
+    "small_collective_time_share",
+    "small_collectives_per_step",
 )
 
 
@@ -120,7 +129,8 @@ def hidden_reason(summary: dict[str, Any]) -> str:
 
 def hide(metrics: dict[str, Any], null: dict[str, str], summary: dict[str, Any]) -> None:
     """Null every :data:`HIDDEN_BY_GRAPHS` metric when the window holds graph executions. The NCCL
-    share's reason keeps the visible part as a stated lower bound."""
+    share's reason keeps the visible part as a stated lower bound. Safe to call again once more
+    metrics exist (an earlier reason, lower bound included, is kept)."""
     if not summary["graph_executions"]:
         return
     reason = hidden_reason(summary)
@@ -128,7 +138,8 @@ def hide(metrics: dict[str, Any], null: dict[str, str], summary: dict[str, Any])
     for key in HIDDEN_BY_GRAPHS:
         if key in metrics:
             metrics[key] = None
-            null[key] = reason
+            if not null.get(key, "").startswith(reason):
+                null[key] = reason
     metrics["gradient_reduction_collective"] = None
     if visible_share is not None:
         null["nccl_share_of_step"] = (

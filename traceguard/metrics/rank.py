@@ -130,6 +130,7 @@ def analyse_rank(
     )
     if graph_summary["graph_executions"]:
         by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
+        peers = {"rows": [], "null_reason": graphs.hidden_reason(graph_summary)}
     small_metrics, small_null, small_details = small.small_collectives(
         _collective_calls(capture, nccl_ops, steps, phases), step_count, small_bytes
     )
@@ -139,6 +140,7 @@ def analyse_rank(
     m["collective_calls_per_step"] = sized / step_count if sized is not None and step_count else None
     if m["collective_calls_per_step"] is None:
         null["collective_calls_per_step"] = small_null.get("collective_calls_sized") or _no_steps_reason(capture)
+    graphs.hide(m, null, graph_summary)  # again: the collective-call metrics exist now
     return RankResult(
         rank=rank,
         metrics=m,
