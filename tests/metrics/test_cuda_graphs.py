@@ -238,3 +238,38 @@ def test_timeline_has_a_lane_of_graph_executions(graph_level: Path, graph_report
     origin = timeline["origin_ns"]
     assert list(zip(lane["start"], lane["end"], strict=True)) == [(s - origin, e - origin) for s, e in rows]
     assert sum(lane["busy"]) == sum(e - s for s, e in rows)
+
+
+def test_compiled_model_two_graphs_a_step(unpacked) -> None:
+    """torch.compile(mode="reduce-overhead") (bench/gpu/compile_graphs.py): CUDA graph trees replay
+    a forward and a backward graph every step beside eager loss and optimizer kernels. At graph
+    level each step's graph time is the union of its two executions, the span covers both."""
+    path = unpacked(GRAPHS / "compile_graph_level.sqlite.gz")
+    expected = _sql_steps(path)
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        graph_ids = {g for (g,) in db.execute("SELECT DISTINCT graphId FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE")}
+    assert len(graph_ids) == 2
+    result = analyze([str(path)]).result
+    rank = result.ranks[0]
+    assert [s["gpu_span_ns"] for s in rank.steps] == [e["span"] for e in expected] and len(expected) == 6
+    assert [s["graph_ns"] for s in rank.steps] == [e["graph_ns"] for e in expected]
+    assert all(0 < e["graph_ns"] < e["span"] for e in expected)  # eager loss/optimizer kernels too
+    assert rank.health["graph_executions"] == 12 and rank.metrics["nccl_share_of_step"] is None
+
+
+def test_compiled_model_node_level_reads_every_graph_kernel(unpacked) -> None:
+    """Node level records the graphs' kernels though the graphs were recorded before the capture
+    range opened; they join their cudaGraphLaunch, and spans equal plain SQL."""
+    path = unpacked(GRAPHS / "compile_node_level.sqlite.gz")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        tables = {t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        in_graphs = sum(
+            db.execute(f"SELECT count(*) FROM {t} WHERE graphNodeId IS NOT NULL").fetchone()[0]
+            for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+            if t in tables
+        )
+    result = analyze([str(path)]).result
+    rank = result.ranks[0]
+    assert rank.health["cuda_graph_trace"] == "node" and rank.health["graph_launched_ops"] == in_graphs > 0
+    assert [s["gpu_span_ns"] for s in rank.steps] == [e["span"] for e in _sql_steps(path)]
+    assert rank.metrics["nccl_share_of_step"] == 0.0  # no collective in this job: a true zero
