@@ -363,8 +363,8 @@ def _train(
             on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
         ) as prof:
             if capture_pending:
-                # Captured while the profiler runs (its warm-up step): CUPTI sees graph nodes only
-                # of graphs instantiated while it traces.
+                # Captured while the profiler runs (its warm-up step, discarded), so the recorded
+                # steps are replays only and the graph is instantiated under tracing.
                 graphed.capture()
             for profiled in range(args.steps + 1):
                 step(index)
@@ -381,7 +381,8 @@ def _train(
             # is mostly NCCL waiting for the later one.
             sync()
         if capture_pending:
-            # Inside the capture range, so nsys --cuda-graph-trace=node sees the graph instantiated.
+            # Inside the capture range, so the capture shows the graph being made (not needed for
+            # node-level tracing: compile_node_level in tests/fixtures/cuda_graphs shows nodes of older graphs).
             graphed.capture()
         for _ in range(args.steps):
             step(index)
