@@ -213,7 +213,7 @@ class Analysis:
             raise ValueError("copies need the captures: this Analysis was loaded from a report")
         parts = []
         for loaded in self.raw.loaded.ranks:
-            ops = loaded.capture.gpu_ops.filter(pl.col("kind") != "kernel")
+            ops = loaded.capture.gpu_ops.filter(pl.col("kind").is_in(["memcpy", "memset"]))  # not graph executions
             parts.append(
                 ops.group_by("kind", "copy_kind", "src_kind", "dst_kind")
                 .agg(
