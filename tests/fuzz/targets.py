@@ -119,6 +119,57 @@ def _archive_mutator(seed: Path, target: Path, rng: random.Random) -> str:
     return f"{kind}_{how}"
 
 
+NSYS_REP_MAGIC = b"NVIDIA Tegra Profiler Report "
+_NVTX_JOB = """
+import time
+import nvtx
+for step in range(3):
+    with nvtx.annotate(f"Batch {step}"):
+        with nvtx.annotate("forward"):
+            time.sleep(0.02)
+"""
+
+
+def nsys_rep_seeds() -> list[Path]:
+    """A real .nsys-rep, made here by ``nsys profile`` (CPU, NVTX) once per machine and kept in the temp
+    directory: a report records the profiled process's environment, so none is committed. [] without nsys."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from traceguard.tools import find_importer, find_nsys
+
+    folder = Path(tempfile.gettempdir()) / "traceguard-fuzz-nsys-rep"
+    report = folder / "job.nsys-rep"
+    nsys = find_nsys()
+    if report.is_file() or nsys is None:
+        return [report] if report.is_file() else []
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.py").write_text(_NVTX_JOB)
+    command = [nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true"]
+    subprocess.run(
+        [*command, "-o", str(folder / "job"), sys.executable, str(folder / "job.py")],
+        capture_output=True,
+        timeout=300,
+        cwd=folder,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    stream = folder / "job.qdstrm"
+    if not report.is_file() and stream.is_file() and (importer := find_importer(nsys)):
+        subprocess.run([importer, "-i", str(stream)], capture_output=True, timeout=300, cwd=folder)
+    stream.unlink(missing_ok=True)
+    return [report] if report.is_file() else []
+
+
+def _nsys_rep_mutator(seed: Path, target: Path, rng: random.Random) -> str:
+    """Damaged report bytes; the magic is kept most of the time so that ``nsys export`` gets to read it."""
+    how, data = mutate.mutate_bytes(seed.read_bytes(), rng)
+    if rng.random() < 0.9 and not data.startswith(NSYS_REP_MAGIC):
+        data = NSYS_REP_MAGIC + data[len(NSYS_REP_MAGIC) :]
+    target.write_bytes(data)
+    return how
+
+
 # -- what is read ---------------------------------------------------------------------------------
 
 
@@ -129,6 +180,13 @@ def read_nsys(path: Path) -> None:
 
     with contextlib.suppress(TraceguardError):  # the reader must still refuse it cleanly on its own
         validate(path, classify(path), scratch=path.parent, max_expanded_bytes=1 << 30, max_side_bytes=64 << 20)
+    read_capture(path)
+
+
+def read_nsys_rep(path: Path) -> None:
+    """Sniffed as a report, exported by the machine's ``nsys`` (cached by content), then read."""
+    from traceguard.ingest import read_capture
+
     read_capture(path)
 
 
@@ -236,6 +294,7 @@ READERS: dict[str, Reader] = {
             read_nsys,
             ".sqlite",
         ),
+        Reader("nsys_rep", nsys_rep_seeds, _nsys_rep_mutator, read_nsys_rep, ".nsys-rep", unpack_seed=False),
         Reader(
             "kineto",
             _fixed([PUBLIC / "kineto" / name for name in KINETO_SEED_NAMES]),
@@ -275,7 +334,7 @@ READERS: dict[str, Reader] = {
             ".txt",
         ),
         Reader("bundle", _glob(OWN / "sweep_h200", "*/manifest.json"), _bundle, read_bundle),
-                # The intake prefixes the upload's name to these errors (service/intake.py).
+        # The intake prefixes the upload's name to these errors (service/intake.py).
         Reader(
             "archive", _archive_kinds, _archive_mutator, read_archive, ".upload", unpack_seed=False, names_file=False
         ),

@@ -3,7 +3,8 @@
 Exit codes, the same for every command:
 
 - 0: done (``analyze`` whenever it produced a report; ``check`` when no check fails);
-- 1: ``check`` only: a check failed (the one code a CI gate should read as a regression);
+- 1: a check failed or regressed (``check``, ``compare``, ``record``, ``upload``): the one code a CI gate
+  should read as a regression;
 - 2: unusable input or a wrong invocation: a capture, log or profile that cannot be read, no usable
   input, a bad option; one message naming the file and what is wrong, never a traceback;
 - 3: an internal error, a bug in traceguard: one line "this is a bug in traceguard: <type>: <message>";
