@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from traceguard.errors import TraceguardError, UnsupportedFormatError
 from traceguard.store.blobs import TooLarge
@@ -135,6 +136,11 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()[:5]
         )
         return JSONResponse(error_body("invalid_request", problems), status_code=422)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request: Request, _exc: ClientDisconnect) -> JSONResponse:
+        # The uploader hung up mid-body (what was received is already discarded): nobody reads this.
+        return JSONResponse(error_body("client_disconnected", "the client closed the connection"), status_code=400)
 
     @app.exception_handler(OverflowError)
     @app.exception_handler(DataError)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,3 +169,20 @@ def test_uploads_never_answer_500(server: LiveServer, tmp_path: Path) -> None:
         assert response.status_code < 500, (body, response.status_code, response.text)
         if response.status_code >= 400:
             assert set(response.json()["error"]) >= {"code", "message"}, response.text
+
+
+def test_an_upload_cut_short_is_not_an_internal_error(server: LiveServer) -> None:
+    """The client hangs up mid-body: the partial file is dropped, the log holds no traceback."""
+    run_id = _seed_run(server)
+    head = (
+        f"POST /v1/runs/{run_id}/files?name=cut.json HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {server.admin_token}\r\nContent-Type: application/octet-stream\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + b'{"traceEvents": [' + b" " * 5000)
+        time.sleep(0.5)
+    time.sleep(2)  # the server notices the closed connection at its next read
+    run = httpx.get(f"{server.url}/v1/runs/{run_id}", headers=_auth(server), timeout=30).json()
+    assert run["files"] == [], run
+    assert "Traceback" not in server.output() and "internal error" not in server.output(), server.output()[-3000:]
