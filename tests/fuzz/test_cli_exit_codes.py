@@ -78,3 +78,28 @@ def test_a_failed_check_is_still_exit_1(capsys: pytest.CaptureFixture[str], tmp_
     capsys.readouterr()
     verdict = json.loads(report.read_text())["verdict"]
     assert code == (cli.EXIT_CHECK_FAILED if verdict == "fail" else 0), verdict
+
+
+def test_an_output_that_cannot_be_written_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the user asked to write is the invocation's problem, not a bug."""
+    target = tmp_path / "taken"
+    target.mkdir()
+    code = cli.run(["analyze", "-o", str(target), str(public_kineto("mi250"))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot write {target}" in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_an_os_error_naming_a_file_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The machine's answer about a named file (permissions, a full disk) is said as such, exit 2."""
+
+    def denied(*_args: Any, **_kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", "/data/cache/x.sqlite")
+
+    monkeypatch.setattr(common, "analyze", denied)
+    code = cli.run(["analyze", str(public_kineto("mi250"))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "error: /data/cache/x.sqlite: Permission denied" in err and "bug" not in err

@@ -33,6 +33,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys
 import traceback
 
+from rich.markup import escape
+
 # Importing the command modules registers their commands on `app`, in the order `--help` lists them.
 from traceguard.cli import analysis, common, harness, nccl, runs, service
 from traceguard.cli.common import app, debugging
@@ -71,11 +73,24 @@ def run(argv: list[str] | None = None) -> int:
     except TraceguardError as exc:  # a command that left the project's own error to us
         common.show_error(exc)
         return exc.exit_code
-    except Exception as exc:  # a bug: one line, its own exit code
+    except OSError as exc:
+        if exc.errno is None or exc.filename is None:  # not the machine's answer about a named file: a bug
+            return _bug(exc)
         if debugging():
             traceback.print_exc()
-        sys.stderr.write(bug_message(exc) + "\n")
-        return EXIT_BUG
+        name = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+        common.err.print(f"[bold red]error[/]: {escape(name)}: {escape(exc.strerror or str(exc))}")
+        return EXIT_INPUT
+    except Exception as exc:
+        return _bug(exc)
+
+
+def _bug(exc: BaseException) -> int:
+    """A bug: one line and its own exit code (the traceback under ``--debug``)."""
+    if debugging():
+        traceback.print_exception(exc)
+    sys.stderr.write(bug_message(exc) + "\n")
+    return EXIT_BUG
 
 
 def console_main() -> None:

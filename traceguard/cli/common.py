@@ -206,8 +206,12 @@ def write(text: str, target: Path | None) -> None:
     if target is None or str(target) == "-":
         sys.stdout.write(text)
     else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        except OSError as exc:  # where the user asked to write, not a bug
+            err.print(f"[bold red]error[/]: cannot write {escape(str(target))}: {escape(exc.strerror or str(exc))}")
+            raise typer.Exit(2) from None
         err.print(f"wrote {escape(str(target))}")
 
 
