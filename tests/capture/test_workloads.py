@@ -190,6 +190,15 @@ def test_impossible_combinations_are_refused_before_any_rank_starts(
     assert not (tmp_path / "b").exists()
 
 
+def test_bf16_hook_is_refused_without_gpus(tmp_path: Path) -> None:
+    """PyTorch's bf16_compress_hook raises on gloo/CPU; the harness says so before starting ranks (and
+    a sweep, e.g. seed003 on CPU, lists the setting as refused and goes on)."""
+    if harness.cuda_available():
+        pytest.skip("a GPU is here: the hook runs")
+    with pytest.raises(harness.Refused, match="bf16_compress_hook needs CUDA"):
+        harness.main(["run", *SMALL, "--comm-hook", "bf16", "--out", str(tmp_path / "b")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Pipeline.
 

@@ -307,6 +307,10 @@ def _export_reports(out: Path, nsys: str, world: int, keep: bool) -> tuple[list[
     return captures, problems
 
 
+class Refused(SystemExit):
+    """A combination the harness will not run (said before any rank starts); a sweep lists it and goes on."""
+
+
 def workload_refusal(cfg: argparse.Namespace) -> str | None:
     """Why ``cfg``'s workload cannot run as asked (said before any rank starts), or None.
 
@@ -367,10 +371,12 @@ def workload_summary(workload: str, records: list[dict[str, Any]]) -> dict[str, 
 def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     """Run the job once into ``cfg.out`` and write its manifest; returns the manifest."""
     if problem := workload_refusal(cfg):
-        raise SystemExit(problem)
+        raise Refused(problem)
+    cuda = cuda_available()
+    if cfg.workload == "ddp" and cfg.comm == "ddp" and cfg.comm_hook == "bf16" and not cuda:
+        raise Refused("--comm-hook bf16: PyTorch's bf16_compress_hook needs CUDA and NCCL (it refuses gloo on CPU)")
     out: Path = cfg.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cuda = cuda_available()
     if getattr(cfg, "cuda_graphs", False) and not cuda:
         raise SystemExit(
             "--cuda-graphs needs a CUDA GPU (CUDA graphs replay GPU work); torch sees none on this machine: "
@@ -586,11 +592,12 @@ def sweep(base: list[str], matrix: str, out: Path, only: list[str] | None = None
             continue
         cfg = run_parser().parse_args([*MATRIX_DEFAULTS.get(matrix, []), *base, *extra, "--out", str(out / name)])
         print(f"== {name}: {' '.join(extra) or '(base)'}", flush=True)
-        if problem := workload_refusal(cfg):
-            print(f"   refused: {problem}", flush=True)
-            results.append({"name": name, "options": extra, "bundle": name, "exit_status": 2, "refused": problem})
+        try:
+            manifest = run_bundle(cfg)
+        except Refused as refused:
+            print(f"   refused: {refused.code}", flush=True)
+            results.append({"name": name, "options": extra, "bundle": name, "exit_status": 2, "refused": refused.code})
             continue
-        manifest = run_bundle(cfg)
         print(
             f"   exit {manifest['exit_status']} in {manifest['seconds']} s, "
             f"{manifest['throughput_steps_per_s'] or 0:.2f} steps/s",
