@@ -34,3 +34,42 @@ def test_damaged_inputs_end_in_the_projects_error(reader: str, workdir: Path) ->
     # The mutations must reach past the first check: some inputs are still read, some refused.
     assert result.outcomes["ok"] + result.outcomes["input_error"] == examples
     assert result.outcomes["ok"] > 0 or reader == "profile", dict(result.outcomes)
+
+
+def test_damaged_pages_reach_the_c_reader_and_end_in_input_errors(tmp_path: Path) -> None:
+    """Pages of a real export overwritten with random bytes, read without the upload's quick_check:
+    the C integer reader (``_int_scan.c``) and ADBC meet the damage mid-query, and their SQLite
+    errors must still be InputErrors naming the file."""
+    import gzip
+    import random
+    import sqlite3
+
+    from tests.conftest import public_nsys
+    from traceguard.errors import InputError
+    from traceguard.ingest import nsys_sqlite, read_capture
+
+    if nsys_sqlite._int_scan is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+            pytest.fail("the C reader is not built")
+        pytest.skip("the C reader is not built")
+    data = gzip.decompress(public_nsys("8fa9ec2").read_bytes())
+    source = tmp_path / "source.sqlite"
+    source.write_bytes(data)
+    with sqlite3.connect(source) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = len(data) // page_size
+    messages = []
+    for trial in range(examples_per_reader(40)):
+        rng = random.Random(trial)
+        damaged = bytearray(data)
+        start = rng.randrange(2, pages) * page_size + 8
+        damaged[start : start + page_size - 8] = rng.randbytes(page_size - 8)
+        path = tmp_path / f"damaged{trial}.sqlite"
+        path.write_bytes(damaged)
+        try:
+            read_capture(path)
+        except InputError as exc:
+            assert path.name in exc.message, exc.message
+            messages.append(exc.message)
+        path.unlink()
+    assert any("cannot read the query's rows" in m for m in messages), messages  # the C reader's own error
