@@ -84,10 +84,21 @@ def test_ids_wider_than_the_database_are_not_500(api: Api, url: str) -> None:
     assert response.json()["error"]["code"] in ("not_found", "invalid_request")
 
 
-def test_an_internal_error_in_the_analysis_is_said_in_words() -> None:
-    error = child.internal_error(ZeroDivisionError("float division by zero"))["error"]
+def test_an_internal_error_in_the_analysis_is_said_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The analysis child with a bug in the pipeline (stood in for by a function that divides by zero)."""
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr("traceguard.pipeline.analyze", broken)
+    # child.run sets these for its own process; here they are put back after the test.
+    monkeypatch.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRACEGUARD_MAX_ROWS", "1000")
+    spec = {"inputs": [[str(KINETO_NOT_UTF8), None]], "side": {}, "profile": "production",
+            "cache_dir": str(tmp_path), "max_rows": 1000, "step_patterns": []}
+    error = child.run(spec)["error"]
     assert error["code"] == "analysis_error"
     assert error["message"] == (
         "the analysis stopped on an internal error, a bug in traceguard (ZeroDivisionError: float division by zero)"
     )
-    assert error["hint"]
+    assert error["hint"].startswith("the uploaded files were kept")

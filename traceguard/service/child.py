@@ -7,7 +7,7 @@ OUT receives ``{"report": ...}`` or ``{"error": {"code", "message"[, "hint"]}}``
 
 The message is what the run's owner reads on the failed job: the project's own errors say which
 file is wrong and how; an internal error (a bug) says so in words, with the exception's type and
-text, and its traceback goes to this process's stderr (the server keeps its tail when the child dies).
+text, and the hint names the line of traceguard it came from, for the bug report.
 """
 
 from __future__ import annotations
@@ -21,14 +21,27 @@ from typing import Any
 import orjson
 
 
+def _origin(exc: BaseException) -> str | None:
+    """``traceguard/<module>.py:<line> in <function>`` of the innermost frame in traceguard's own code."""
+    package = Path(__file__).resolve().parents[1]
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if path.is_relative_to(package):
+            found = f"{path.relative_to(package.parent)}:{frame.lineno} in {frame.name}"
+    return found
+
+
 def internal_error(exc: BaseException) -> dict[str, Any]:
     """The job's error for an exception that is not the project's own: a bug, said as one."""
     text = " ".join(str(exc).split())[:300] or "no message"
+    origin = _origin(exc)
     return {
         "error": {
             "code": "analysis_error",
             "message": f"the analysis stopped on an internal error, a bug in traceguard ({type(exc).__name__}: {text})",
-            "hint": "the uploaded files were kept; report the run to the service's operators",
+            "hint": "the uploaded files were kept; report the run to the service's operators"
+            + (f" (raised at {origin})" if origin else ""),
         }
     }
 
