@@ -327,30 +327,33 @@ def test_fp16_halves_the_payload(bundle) -> None:
 
 
 @pytest.mark.slow
-def test_async_blocks_the_host_less_than_blocking_calls(bundle) -> None:
-    """On CPU "exposed" is the host's: blocking calls' whole ranges vs the waits of async ones (gloo
-    runs the collective on its own threads meanwhile). The GPU side (NCCL kernel time no compute
-    kernel covers) needs GPU captures: bench/gpu/workloads_h200.sh."""
+def test_async_issues_computes_then_waits(bundle) -> None:
+    """What --async changes, measured on CPU: the collective is in flight while the host computes
+    (issue … wait), and the host is blocked only in the waits; blocking calls block for their whole
+    range and are never in flight beside compute.
+
+    Whether that makes FEWER exposed nanoseconds is a GPU question: on this 2-core host the gloo
+    threads compete with compute for the same cores and the ranks' skew (rank 0 alone steps the
+    optimizer) dominates — four back-to-back pairs of runs measured 18/36, 11/18, 66/10 and 94/20 ms
+    of host-blocked time per step (blocking/async), either way round. The GPU runs compare
+    ``gpu_exposed_ns_per_step`` (NCCL kernel time no compute kernel covers): bench/gpu/workloads_h200.sh.
+    """
     blocking, asynchronous = bundle("br_fp32_blocking_torch"), bundle("br_fp32_async_torch")
     assert {r["workload"]["async_op"] for r in asynchronous.records} == {True}
     assert asynchronous.report["run"]["workload"]["asynchronous"] is True
 
-    def blocked(report: dict[str, Any]) -> float:
-        return sum(sum(r["workload"]["host_blocked_ns_per_step"].values()) for r in report["ranks"])
+    def raw_blocked(b: Bundle, rank: int) -> float:  # from the trace: the waits (async) or the calls (blocking)
+        pattern = re.compile(r"(wait )?(broadcast|reduce) layer \d+( \(\d+ B\))?$")
+        hits, steps = _inside_steps(_trace_events(b, rank), pattern)
+        return sum(e["dur"] for e in hits) * 1000 / steps
 
-    def waits(b: Bundle) -> int:  # the same from the raw traces: waits (async) or the calls (blocking)
-        total = 0
-        for rank in range(2):
-            pattern = re.compile(r"(wait )?(broadcast|reduce) layer \d+( \(\d+ B\))?$")
-            hits, steps = _inside_steps(_trace_events(b, rank), pattern)
-            total += sum(e["dur"] for e in hits) * 1000 / steps
-        return total
-
-    assert blocked(blocking.report) == pytest.approx(waits(blocking), rel=0.01)
-    assert blocked(asynchronous.report) == pytest.approx(waits(asynchronous), rel=0.01)
-    assert blocked(asynchronous.report) < blocked(blocking.report)
-    for rank in asynchronous.report["ranks"]:
-        assert rank["workload"]["gpu_exposed_ns_per_step"] == {}  # no NCCL kernels on CPU
+    for b, in_flight in ((blocking, False), (asynchronous, True)):
+        for rank in b.report["ranks"]:
+            w = rank["workload"]
+            assert sum(w["host_blocked_ns_per_step"].values()) == pytest.approx(raw_blocked(b, rank["rank"]), rel=0.01)
+            assert set(w["in_flight_ns_per_step"]) == {"broadcast", "reduce"}
+            assert all((ns > 0) is in_flight for ns in w["in_flight_ns_per_step"].values()), w
+            assert w["gpu_exposed_ns_per_step"] == {}  # no NCCL kernels on CPU
 
 
 @pytest.mark.slow

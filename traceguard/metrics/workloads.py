@@ -24,9 +24,12 @@ Definitions (per rank, over the ranges that start inside the rank's steps; "per 
 - **host_blocked_ns_per_step** (broadcast/reduce): per collective, Σ the durations of the ranges in
   which the host thread waited for it: a blocking call's whole range, or, for a collective issued with
   ``async_op=True`` (``issue …``), only its ``wait …`` range. It is the host's exposed communication
-  time, the measure a CPU (gloo) job has; **gpu_exposed_ns_per_step** is the GPU's: NCCL kernel
+  time, the measure a CPU (gloo) job has. **gpu_exposed_ns_per_step** is the GPU's: NCCL kernel
   time of the type that no compute kernel covers (``exposed_ns`` of metrics.collectives), null
-  without a GPU trace.
+  without a GPU trace. **in_flight_ns_per_step**: per collective, Σ over those issued with
+  ``async_op=True`` of the time from the end of the issue range to the start of its wait range
+  (same step, same name), in which the host computed: the room async gives the communication to
+  hide in (0 for blocking calls).
 - **bubble** (pipeline): per step, the share of the step's GPU span (first to last GPU op attributed
   to it, the ``gpu_span_ns`` of the step table) in which no compute kernel (a kernel that is not
   NCCL) runs on any of the rank's devices: (span − |⋃ compute kernels ∩ span|) ÷ span. The rank's
@@ -51,8 +54,8 @@ PIPELINE = "pipeline"
 BROADCAST_REDUCE = "broadcast-reduce"
 
 TRANSFER = re.compile(r"(send to|recv from) (\d+) \((\d+) B\)")
-COLLECTIVE_RANGE = re.compile(r"^(issue )?(broadcast|reduce) .+ \((\d+) B\)$")
-WAIT_RANGE = re.compile(r"^wait (broadcast|reduce) ")
+COLLECTIVE_RANGE = re.compile(r"^(issue )?(broadcast|reduce) (.+) \((\d+) B\)$")
+WAIT_RANGE = re.compile(r"^wait (broadcast|reduce) (.+)$")
 MICROBATCH = r"^microbatch \d+ (forward|backward)$"
 C10D_P2P = r"^(?:nccl|gloo|mpi|ucc):(send|recv)\b"
 C10D_ROOTED = r"^(?:nccl|gloo|mpi|ucc):(broadcast|reduce)\b"
@@ -70,6 +73,7 @@ def empty() -> dict[str, Any]:
         "payload": [],
         "asynchronous": None,
         "host_blocked_ns_per_step": {},
+        "in_flight_ns_per_step": {},
         "gpu_exposed_ns_per_step": {},
         "bubble": None,
         "bubble_per_step": [],
@@ -232,22 +236,26 @@ def _rooted(inside: pl.DataFrame, rooted: pl.DataFrame, totals: dict[str, Any], 
     calls: dict[str, int] = defaultdict(int)
     blocked: dict[str, int] = defaultdict(int)
     asynchronous = False
-    for name, start, end in rooted.select("name", "start", "end").iter_rows():
+    issued: dict[tuple[int, str, str], int] = {}  # (step, op, what) → end of its async issue
+    for name, start, end, step in rooted.select("name", "start", "end", "step_id").iter_rows():
         m = COLLECTIVE_RANGE.match(name)
         assert m is not None
-        issued_async, op, size = m.group(1), m.group(2), int(m.group(3))
+        issued_async, op, what, size = m.group(1), m.group(2), m.group(3), int(m.group(4))
         named[op] += size
         calls[op] += 1
         if issued_async:
             asynchronous = True
+            issued[(step, op, what)] = int(end)
         else:
             blocked[op] += int(end - start)
-    for name, start, end in (
-        inside.filter(pl.col("name").str.contains(WAIT_RANGE.pattern)).select("name", "start", "end").iter_rows()
-    ):
+    in_flight: dict[str, int] = defaultdict(int)
+    waits = inside.filter(pl.col("name").str.contains(WAIT_RANGE.pattern)).select("name", "start", "end", "step_id")
+    for name, start, end, step in waits.iter_rows():
         m = WAIT_RANGE.match(name)
         assert m is not None
         blocked[m.group(1)] += int(end - start)
+        if (issued_end := issued.get((step, m.group(1), m.group(2)))) is not None:
+            in_flight[m.group(1)] += max(0, int(start) - issued_end)
     profiled: dict[str, int] = defaultdict(int)
     sized: dict[str, bool] = defaultdict(lambda: True)
     annotated = inside.filter(pl.col("name").str.contains(C10D_ROOTED))
@@ -277,6 +285,7 @@ def _rooted(inside: pl.DataFrame, rooted: pl.DataFrame, totals: dict[str, Any], 
         "payload": payload,
         "asynchronous": asynchronous if rooted.height else None,
         "host_blocked_ns_per_step": {op: ns / n for op, ns in sorted(blocked.items())},
+        "in_flight_ns_per_step": {op: in_flight[op] / n for op in sorted(blocked)},
         "gpu_exposed_ns_per_step": gpu_exposed,
     }
 
@@ -292,7 +301,10 @@ def run_workload(per_rank: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, An
     reasons = [f"rank {rank}: {w['null_reasons']['bubble']}" for rank, w in per_rank if "bubble" in w["null_reasons"]]
     payload: dict[str, list[float]] = defaultdict(list)
     blocked: dict[str, list[float]] = defaultdict(list)
+    in_flight: dict[str, list[float]] = defaultdict(list)
     for _, w in per_rank:
+        for op, ns in w.get("in_flight_ns_per_step", {}).items():
+            in_flight[op].append(ns)
         for row in w.get("payload", []):
             if row["bytes_per_step"] is not None:
                 payload[row["collective"]].append(row["bytes_per_step"])
@@ -306,6 +318,7 @@ def run_workload(per_rank: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, An
         "bubble_by_rank": {str(rank): w["bubble"] for rank, w in per_rank},
         "payload_bytes_per_step": {op: sum(v) / len(v) for op, v in sorted(payload.items())},
         "host_blocked_ns_per_step": {op: sum(v) / len(v) for op, v in sorted(blocked.items())},
+        "in_flight_ns_per_step": {op: sum(v) / len(v) for op, v in sorted(in_flight.items())},
         "asynchronous": asynchronous.pop() if len(asynchronous) == 1 else None,
         "null_reasons": {"bubble": reasons[0]} if not span and reasons else {},
     }
