@@ -98,6 +98,8 @@ def document(spec: dict[str, Any]) -> dict[str, Any]:
                 operation["security"] = [{"bearer": []}]
                 for status, description in _COMMON_ERRORS.items():
                     responses.setdefault(status, {"description": description})
+            if "{" in path:  # an id in the path may name nothing (in this project)
+                responses.setdefault("404", {"description": "nothing with that id in this project"})
             if "requestBody" in operation:
                 responses.setdefault("400", {"description": "the body cannot be parsed (not JSON, broken multipart)"})
             for status, response in responses.items():
