@@ -164,7 +164,7 @@ def test_compare_and_report_round_trip(p2p: traceguard.Analysis, tmp_path: Path)
 def test_bad_input_raises_the_projects_error(tmp_path: Path) -> None:
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database")
-    with pytest.raises(NoUsableInputError, match="junk.sqlite: not a capture"):
+    with pytest.raises(NoUsableInputError, match=r"junk\.sqlite: not a capture"):
         traceguard.analyze(junk)
 
 

@@ -103,7 +103,7 @@ def test_lanes_of_an_nsys_capture_match_sql(unpacked) -> None:
         copies = [
             (s, e)
             for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-            for s, e in db.execute(f"SELECT start, end FROM {table}")  # noqa: S608 - fixed table names
+            for s, e in db.execute(f"SELECT start, end FROM {table}")
             if any(a <= s <= b for a, b in spans)
         ]
         assert sum(lanes["compute"]["busy"]) == _union_length([(s, e) for s, e, nccl in kernels if not nccl])
