@@ -164,5 +164,9 @@ def test_cpu_sweep_writes_a_results_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["setting"] for r in rows] == [name for name, _ in harness.MATRICES["cpu"]]
-    assert all(r["exit_status"] == 0 and r["verdict"] == "pass" for r in rows)
+    assert all(r["exit_status"] == 0 for r in rows)
+    assert all(r["verdict"] == "pass" for r in rows if r["setting"] != "cpu_staged")
+    # cpu_staged all-reduces every gradient on its own: small collectives, and nothing else wrong
+    staged = next(r for r in rows if r["setting"] == "cpu_staged")
+    assert {k for k, v in staged["checks"].items() if v in ("fail", "warn")} <= {"small_collectives"}
     assert "| ddp |" in (tmp_path / "results.md").read_text()
