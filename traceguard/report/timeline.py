@@ -17,7 +17,6 @@ KIND_COLOUR = {
     "step": "#8c959f",
     "phase": "#8250df",
     "compute": "#2da44e",
-    "graph": "#116329",
     "exposed": "#cf222e",
     "memcpy": "#d4a72c",
 }
