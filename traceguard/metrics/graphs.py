@@ -11,7 +11,7 @@ Definitions (DESIGN.md's conventions: nanoseconds, per device then summed):
   ``--cuda-graph-trace=node``, torch.profiler). They are ordinary ops; nothing is hidden.
 - ``graph_ns``: the union of graph-execution intervals; ``graph_launched_ns`` the union of
   graph-launched ops; ``gpu_busy_ns`` the union of all GPU ops (each per device, summed), all over
-  the analysis window.
+  the analysis window (``gpu_busy_ns`` is only computed, and otherwise None, when graphs ran).
 - Trace mode: ``"graph"`` when the window holds graph executions and no graph-launched ops,
   ``"node"`` for the reverse, ``"mixed"`` for both, None when no graph ran.
 
