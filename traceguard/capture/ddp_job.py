@@ -331,6 +331,11 @@ def _train(
         step(index)
         index += 1
     sync()
+    # PowerSGD compresses from its start iteration on: say whether it already did in the timed steps.
+    for _, hook_state in getattr(module, "_comm_hooks", []):
+        if hasattr(hook_state, "start_powerSGD_iter"):
+            ddp_info["powersgd_iter_before_timed"] = hook_state.iter
+            ddp_info["powersgd_start_iter"] = hook_state.start_powerSGD_iter
     repeats: list[float] = []  # steps/s of each run of the timed steps
     for _ in range(max(args.repeats, 1) if args.timed and not capture_pending else 0):
         t0 = time.perf_counter()
@@ -349,11 +354,6 @@ def _train(
         trace_path = args.out / f"rank{rank}.trace.json"
         # One profiler warm-up step first (as torch recommends); then ``steps`` recorded steps,
         # each a ``ProfilerStep#N`` range around the job's own ``Batch N``.
-    # PowerSGD compresses from its start iteration on: say whether it already did in the timed steps.
-    for _, hook_state in getattr(module, "_comm_hooks", []):
-        if hasattr(hook_state, "start_powerSGD_iter"):
-            ddp_info["powersgd_iter_before_timed"] = hook_state.iter
-            ddp_info["powersgd_start_iter"] = hook_state.start_powerSGD_iter
         schedule = torch.profiler.schedule(wait=0, warmup=1, active=args.steps, repeat=1)
         with torch.profiler.profile(
             activities=activities,
