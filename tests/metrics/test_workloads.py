@@ -8,15 +8,13 @@ which is no pipeline and no broadcast-reduce.
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import OWN
+from tests.conftest import OWN, PUBLIC
 from traceguard.pipeline import analyze
 
-PUBLIC = Path("/work/shared/fixtures/public/nsys-sqlite")
-PIPELINE = PUBLIC / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"
+PIPELINE = PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"
 
 
 def _union(intervals: list[tuple[int, int]]) -> int:
@@ -31,8 +29,6 @@ def _union(intervals: list[tuple[int, int]]) -> int:
 
 
 def test_pipeline_bubble_from_the_raw_kernels(unpacked) -> None:
-    if not PIPELINE.exists():
-        pytest.skip("public fixtures are not here")
     path = unpacked(PIPELINE)
     report = analyze([str(path)]).report
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
