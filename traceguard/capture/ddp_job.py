@@ -52,9 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None)
     p.add_argument(
         "--comm",
-        choices=["ddp", "cpu-staged", "allreduce", "none"],
+        choices=["ddp", "cpu-staged", "allreduce", "per-param", "none"],
         default="ddp",
-        help="allreduce: one explicit all_reduce (AVG) of the flattened gradients after backward, no DDP",
+        help="allreduce: one explicit all_reduce (AVG) of the flattened gradients after backward, no DDP; "
+        "per-param: the small-collectives anti-pattern, every gradient all-reduced on its own (no bucketing)",
     )
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--no-bucket-view", dest="bucket_view", action="store_false")
@@ -180,6 +181,20 @@ def cpu_staged_allreduce(model: nn.Module, group: Any, world: int) -> None:
         p.grad.copy_(staged.div_(world).to(p.grad.device, non_blocking=False))
 
 
+def per_param_allreduce(params: list[nn.Parameter]) -> None:
+    """The small-collectives anti-pattern: one all-reduce per gradient, no bucketing (a
+    hand-written loop over ``model.parameters()``); each launch pays the collective's fixed cost."""
+    nccl = dist.get_backend() == "nccl"
+    for p in params:
+        if p.grad is None:
+            continue
+        if nccl:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        else:
+            dist.all_reduce(p.grad)
+            p.grad.div_(dist.get_world_size())
+
+
 def allreduce_gradients(params: list[nn.Parameter]) -> None:
     """Average the gradients over ranks with ONE all-reduce of a flat buffer (op AVG).
 
@@ -274,6 +289,7 @@ def _train(
     elif distributed and comm == "cpu-staged":
         staged_group = dist.new_group(backend="gloo")
     explicit_allreduce = distributed and comm == "allreduce"
+    per_param = distributed and comm == "per-param"
 
     # +2: a graphed job takes one batch for its static buffers and warms up on at least 3 steps.
     total_steps = max(args.warmup, 3) + args.timed * max(args.repeats, 1) + args.steps + 2
@@ -302,6 +318,8 @@ def _train(
                     cpu_staged_allreduce(model, staged_group, world)
                 if explicit_allreduce:
                     allreduce_gradients(list(model.parameters()))
+                if per_param:
+                    per_param_allreduce(list(model.parameters()))
             with nvtx.range("optimizer step"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -359,7 +377,7 @@ def _train(
             activities=activities,
             schedule=schedule,
             # Shapes give the c10d annotations (gloo:send, gloo:broadcast, ...) their payload sizes.
-            record_shapes=args.workload != "ddp",
+            record_shapes=True,
             on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
         ) as prof:
             if capture_pending:
