@@ -252,5 +252,8 @@ def _print_comparison(comparison: dict[str, Any], top: int = 8) -> None:
     for c in comparison["changed_checks"]:
         out.print(f"  check [bold]{c['id']}[/]: {c['base'] or '—'} → {c['head'] or '—'}")
     moved = [m for m in comparison["metrics"] if m["relative"] not in (None, 0)]
-    for m in sorted(moved, key=lambda m: abs(m["relative"]), reverse=True)[:top]:
+    # The headline metrics first (what the checks read), then whatever else moved most.
+    headline = {"nccl_share_of_step", "gpu_to_cpu_copy_rate", "dtod_to_gradient_ratio", "straggler_spread"}
+    moved.sort(key=lambda m: (m["metric"] not in headline, -abs(m["relative"])))
+    for m in moved[:top]:
         out.print(f"  {m['metric']}: {m['base']} → {m['head']} ({100 * m['relative']:+.1f} %)")
