@@ -211,23 +211,9 @@ class Analysis:
         (ValueError)."""
         if self.raw is None:
             raise ValueError("copies need the captures: this Analysis was loaded from a report")
-        parts = []
-        for loaded in self.raw.loaded.ranks:
-            ops = loaded.capture.gpu_ops.filter(pl.col("kind").is_in(["memcpy", "memset"]))  # not graph executions
-            parts.append(
-                ops.group_by("kind", "copy_kind", "src_kind", "dst_kind")
-                .agg(
-                    pl.len().alias("ops"),
-                    pl.col("bytes").sum().alias("bytes"),
-                    (pl.col("end") - pl.col("start")).sum().alias("time_ns"),
-                )
-                .with_columns(pl.lit(loaded.rank).alias("rank"))
-            )
-        if not parts:
+        if self.raw.copies.height == 0:
             return pl.DataFrame(schema=COPY_SCHEMA)
-        frame = pl.concat(parts).select(
-            [pl.col(name).cast(dtype) for name, dtype in COPY_SCHEMA.items()]
-        )
+        frame = self.raw.copies.select([pl.col(name).cast(dtype) for name, dtype in COPY_SCHEMA.items()])
         return frame.sort("rank", "kind", "copy_kind", "src_kind", "dst_kind", nulls_last=True)
 
     @cached_property

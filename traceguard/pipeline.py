@@ -1,7 +1,8 @@
 """The one path from capture files to a report, shared by the CLI and the service.
 
-ingest (read + resolve ranks; side inputs) → metrics (map per rank, reduce per run; links) →
-checks (profile) → report document. Progress goes through an optional callback.
+map per input file (ingest + per-rank metrics, on a scheduler: traceguard.mapreduce) → reduce per
+run (run metrics; links from side inputs) → checks (profile) → report document. Progress goes
+through optional callbacks.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from traceguard.checks.profiles import DEFAULT_PROFILE, Profile, load_profile
 from traceguard.checks.rules import CheckResult, evaluate, validate_profile
 from traceguard.errors import NoUsableInputError
-from traceguard.ingest import InputSpec, LoadedRun, load_run
+from traceguard.ingest import InputRecord, InputSpec, expand, no_input_reasons, parse_spec
 from traceguard.ingest.sides import SideData, SideFiles, discover, load_side, split_inputs
+from traceguard.mapreduce import MapOptions, RankProgress, map_run
 from traceguard.metrics.links import analyse_links
-from traceguard.metrics.run import RunResult, analyse_run
+from traceguard.metrics.run import RunResult, reduce_results
 from traceguard.report import document
 
 Progress = Callable[[str], None]
@@ -25,12 +29,16 @@ Progress = Callable[[str], None]
 
 @dataclass
 class Analysis:
-    loaded: LoadedRun
+    #: The inputs as the report lists them (format, resolved ranks, errors, warnings).
+    inputs: list[InputRecord]
     result: RunResult
     side: SideData
     checks: list[CheckResult]
     profile: Profile
     report: dict[str, Any]
+    #: Per rank: the whole capture's memcpys and memsets by kind and direction
+    #: (:func:`traceguard.mapreduce.copy_summary`); empty when no capture was read.
+    copies: pl.DataFrame
 
 
 def _param(profile: Profile, rule: str, name: str) -> float | None:
@@ -46,6 +54,9 @@ def analyze(
     step_patterns: Sequence[str] | None = None,
     step_sources: Sequence[str] | None = None,
     progress: Progress | None = None,
+    scheduler: str | None = None,
+    jobs: int | None = None,
+    on_ranks: RankProgress | None = None,
 ) -> Analysis:
     """Analyse one run's captures and side inputs under a profile.
 
@@ -53,6 +64,11 @@ def analyze(
     before the profile's own ``step_patterns`` (DESIGN.md, "Steps": source ``pattern``).
     ``step_sources`` limits and orders the step sources tried (default: pattern, convention,
     inferred, window), e.g. ``["inferred"]`` to see the steps a capture's own structure gives.
+
+    The inputs are mapped one task per file on ``scheduler`` (``local``: ``jobs`` processes, by
+    default one per core; ``serial``; or a Dask address; default ``TRACEGUARD_DASK_SCHEDULER``
+    else ``local``) and ``on_ranks(done, total)`` is called as each finishes; the report is the
+    same whichever runs it (traceguard.mapreduce).
 
     Raises NoUsableInputError when neither a capture nor a side input can be read.
     """
@@ -71,25 +87,21 @@ def analyze(
             files.extend(discover(path))
     side = load_side(files) if files.any() else SideData()
     has_side = side.nccl is not None or side.dmon is not None or side.nccl_tests is not None
-    if inputs:
-        try:
-            loaded = load_run(inputs, on_input=lambda spec: say(f"reading {spec.path.name}"))
-        except NoUsableInputError:
-            if not has_side:
-                raise
-            loaded = LoadedRun(inputs=[], ranks=[])
-    elif has_side:
-        loaded = LoadedRun(inputs=[], ranks=[])
-    else:
-        raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
-    say(f"analysing {len(loaded.ranks)} rank(s)")
-    patterns = [*(step_patterns or []), *chosen.step_patterns]
-    result = analyse_run(
-        [(r.rank, r.capture) for r in loaded.ranks],
-        step_patterns=patterns,
-        step_sources=step_sources,
-        small_bytes=_param(chosen, "small_collectives", "small_bytes"),
+    patterns = (*(step_patterns or []), *chosen.step_patterns)
+    small_bytes = _param(chosen, "small_collectives", "small_bytes")
+    options = MapOptions(
+        step_patterns=tuple(patterns),
+        step_sources=tuple(step_sources) if step_sources else None,
+        small_bytes=int(small_bytes) if small_bytes else None,
     )
+    specs = expand(i if isinstance(i, InputSpec) else parse_spec(i) for i in inputs)
+    if not specs and not has_side:
+        raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
+    say(f"analysing {len(specs)} input(s)")
+    mapped = map_run(specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks)
+    if specs and not mapped.results and not has_side:
+        raise NoUsableInputError(f"no usable input: {no_input_reasons(mapped.inputs)}")
+    result = reduce_results(mapped.results)
     links = analyse_links(
         side,
         peak_busbw_gbps=_param(chosen, "p2p_utilization", "peak_busbw_gbps"),
@@ -100,5 +112,5 @@ def analyze(
     result.null_reasons.update(links.null_reasons)
     say("checking")
     checks = evaluate(result, chosen)
-    report = document.build(loaded.inputs, result, checks, chosen, side=side)
-    return Analysis(loaded, result, side, checks, chosen, report)
+    report = document.build(mapped.inputs, result, checks, chosen, side=side)
+    return Analysis(mapped.inputs, result, side, checks, chosen, report, mapped.copies)

@@ -13,10 +13,12 @@ from traceguard.checks.profiles import DEFAULT_PROFILE, available, load_profile
 from traceguard.cli.common import (
     Captures,
     DmonOpt,
+    JobsOpt,
     NcclLogOpt,
     NcclTestsOpt,
     ProfileOpt,
     ReportFormat,
+    SchedulerOpt,
     SmiQOpt,
     StepPatternOpt,
     StepSourceOpt,
@@ -59,10 +61,13 @@ def analyze_command(
     smi_q: SmiQOpt = None,
     step_pattern: StepPatternOpt = None,
     step_source: StepSourceOpt = None,
+    scheduler: SchedulerOpt = None,
+    jobs: JobsOpt = None,
 ) -> None:
     """Analyse captures of one run and print or write the report (exit 0 whenever a report is made)."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
-    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns, sources)
+    side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
+    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs)
     warn_inputs(analysis.report)
     write(render(analysis.report, format_for(out_path, fmt)), out_path)
 
@@ -80,10 +85,13 @@ def check_command(
     smi_q: SmiQOpt = None,
     step_pattern: StepPatternOpt = None,
     step_source: StepSourceOpt = None,
+    scheduler: SchedulerOpt = None,
+    jobs: JobsOpt = None,
 ) -> None:
     """The gate: exit 0 when no check fails, 1 when one does, 2 when no input is usable."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
-    analysis = run_analysis(captures, profile, sides(nccl_log, dmon, nccl_tests, topo, smi_q), patterns, sources)
+    side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
+    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs)
     report = analysis.report
     warn_inputs(report)
     print_checks(report)

@@ -100,6 +100,30 @@ StepSourceOpt = Annotated[
 ]
 
 
+SchedulerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        metavar="SCHEDULER",
+        help="Where the per-file analyses run: `local` (processes on this machine, the default), `serial` (this "
+        "process, one file at a time), or a Dask scheduler address such as tcp://host:8786 (needs the dask "
+        "extra of traceguard; workers must see the files at the same paths). Default: TRACEGUARD_DASK_SCHEDULER "
+        "when set, else local. The report is the same whichever runs it.",
+        show_default=False,
+    ),
+]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        help="Processes of the local scheduler (default: one per core).",
+        show_default=False,
+    ),
+]
+
+
 def side_paths(
     nccl_log: list[Path] | None,
     dmon: list[Path] | None,
@@ -178,16 +202,35 @@ def run_analysis(
     side: SideFiles | None = None,
     patterns: list[str] | None = None,
     sources: list[str] | None = None,
+    scheduler: str | None = None,
+    jobs: int | None = None,
 ) -> Analysis:
+    """The analysis behind analyze and check, with a progress bar of the files analysed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    task = bar.add_task("reading captures", total=None)
     try:
-        with err.status("reading captures", spinner="dots") as status:
+        with bar:
             return analyze(
                 captures or [],
                 profile=profile,
                 side_files=side,
                 step_patterns=patterns,
                 step_sources=sources,
-                progress=lambda msg: status.update(msg),
+                progress=lambda msg: bar.update(task, description=msg),
+                scheduler=scheduler,
+                jobs=jobs,
+                on_ranks=lambda done, total: bar.update(
+                    task, description="analysing files", completed=done, total=total
+                ),
             )
     except TraceguardError as exc:
         show_error(exc)

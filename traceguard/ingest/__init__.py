@@ -157,26 +157,33 @@ def sniff(path: Path) -> str:
     )
 
 
-def read_capture(path: Path) -> model.Capture:
-    """Read one capture file of any supported format; every error it raises names ``path``."""
+def read_capture(path: Path, *, shown: str | None = None) -> model.Capture:
+    """Read one capture file of any supported format; every error it raises names the file.
+
+    ``shown`` is what messages and the capture call the file (the path the user gave, when
+    ``path`` is that path made absolute for a worker elsewhere); by default ``path`` itself."""
+    name = shown or str(path)
     try:
-        return _read_capture(path)
+        return _read_capture(path, name)
     except TraceguardError as exc:
-        naming(exc, path)
+        if shown and str(path) != shown:
+            exc.message = exc.message.replace(str(path), shown)
+            exc.hint = exc.hint.replace(str(path), shown) if exc.hint else exc.hint
+        naming(exc, name)
         raise
 
 
-def _read_capture(path: Path) -> model.Capture:
+def _read_capture(path: Path, shown: str) -> model.Capture:
     kind = sniff(path)
     # The analysis needs only the CUDA calls that launched GPU work, joined to the ops as the
     # ops' launch columns (a third of the API rows on real captures, and no join left to do).
     if kind == "nsys-sqlite":
-        capture = read_nsys_sqlite(path, source_path=str(path), launches_only=True)
+        capture = read_nsys_sqlite(path, source_path=shown, launches_only=True)
     elif kind == "nsys-rep":
-        capture = read_nsys_sqlite(export_to_sqlite(path), source_path=str(path), launches_only=True)
+        capture = read_nsys_sqlite(export_to_sqlite(path), source_path=shown, launches_only=True)
         capture.info.format = "nsys-rep"
     else:
-        capture = read_kineto(path, source_path=str(path))
+        capture = read_kineto(path, source_path=shown)
     if capture.info.rank_hint is None:
         stated = capture.info.env.get("RANK")  # the environment nsys recorded for the process
         if stated is not None and stated.isdigit():
@@ -236,6 +243,86 @@ def with_rank(capture: model.Capture, rank: int) -> model.Capture:
     )
 
 
+@dataclass
+class RankFacts:
+    """What rank resolution needs to know of one readable input (DESIGN.md, "Ranks")."""
+
+    index: int  # the input's place among all inputs
+    position: int  # its place among the readable inputs (the position guess)
+    path: Path
+    rank: int | None  # stated: argument, manifest, the file itself, or its name
+    source: str | None  # "argument" | "manifest" | "file" | "file name" | None
+    width: int  # GPU processes in the file (≥ 1): a file of ``nsys profile torchrun`` holds every rank
+
+
+@dataclass
+class RankAssignment:
+    """Where resolution put one input: its first rank and source, the ranks of its processes,
+    the warnings to add to its record, or the error that keeps it out of the run."""
+
+    rank: int | None
+    source: str | None
+    ranks: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_code: str | None = None
+
+
+def stated_rank(spec: InputSpec, rank_hint: int | None) -> tuple[int | None, str | None]:
+    """The rank an input states, by precedence: ``FILE:RANK``/manifest, the file itself, its name."""
+    if spec.rank is not None:
+        return spec.rank, spec.rank_source
+    if rank_hint is not None:
+        return rank_hint, "file"
+    if (named := rank_from_name(spec.path)) is not None:
+        return named, "file name"
+    return None, None
+
+
+def resolve_ranks(facts: Iterable[RankFacts]) -> dict[int, RankAssignment]:
+    """Every readable input's ranks, by input index (pure: the rules of DESIGN.md, "Ranks").
+
+    Stated ranks are placed first, by precedence, so that a guess never takes a rank some input
+    states; position guesses then take the first free rank from their position on. A file with
+    several GPU processes takes consecutive ranks from its own. A rank already taken is an error
+    for the later input (``duplicate_rank``)."""
+    precedence = {"argument": 0, "manifest": 1, "file": 2, "file name": 3}
+    ordered = sorted(facts, key=lambda f: (precedence.get(f.source or "", 9), f.position))
+    taken: dict[int, str] = {}
+    out: dict[int, RankAssignment] = {}
+    for fact in ordered:
+        rank, source = fact.rank, fact.source
+        assignment = RankAssignment(rank, source)
+        if rank is None:
+            rank = fact.position
+            while any(r in taken for r in range(rank, rank + fact.width)):
+                rank += 1
+            source = "position"
+            assignment.warnings.append(
+                f"no rank stated for {fact.path.name}: taken as rank {rank} from its position; "
+                f"write {fact.path}:RANK to say which rank it is"
+            )
+        parts = list(range(rank, rank + fact.width))
+        if len(parts) > 1:
+            assignment.warnings.append(
+                f"{len(parts)} GPU processes in one file: ranks {rank}..{rank + len(parts) - 1} "
+                "in order of the devices they used"
+            )
+        clash = [r for r in parts if r in taken]
+        if clash:
+            assignment.error_code = "duplicate_rank"
+            assignment.error = (
+                f"rank {clash[0]} is already given by {taken[clash[0]]}; name each file's rank explicitly as FILE:RANK"
+            )
+            out[fact.index] = assignment
+            continue
+        assignment.rank, assignment.source, assignment.ranks = rank, source, parts
+        for part in parts:
+            taken[part] = fact.path.name
+        out[fact.index] = assignment
+    return out
+
+
 def load_run(
     arguments: Iterable[str | InputSpec],
     *,
@@ -248,10 +335,14 @@ def load_run(
     a number in the file name; the input's position (with a warning). A file holding several
     GPU processes (``nsys profile torchrun ...``) gives one rank per process, numbered from the
     file's rank in order of the devices they used.
+
+    Holds every capture in memory at once: for notebooks and tests. The analysis itself reads
+    one input at a time (:mod:`traceguard.mapreduce`).
     """
     specs = expand(a if isinstance(a, InputSpec) else parse_spec(a) for a in arguments)
     records: list[InputRecord] = []
-    loaded: list[tuple[int, model.Capture]] = []
+    loaded: dict[int, tuple[model.Capture, list[int]]] = {}
+    facts: list[RankFacts] = []
     for index, spec in enumerate(specs):
         if on_input:
             on_input(spec)
@@ -262,61 +353,51 @@ def load_run(
         except TraceguardError as exc:
             record.error, record.error_code = str(exc), exc.code
             continue
-        record.format = capture.info.format
-        record.tool_version = capture.info.tool_version
-        record.schema_version = capture.info.schema_version
-        record.warnings.extend(capture.info.notes)
-        loaded.append((index, capture))
-
-    # Resolve stated ranks first, by precedence, so that a guess never takes a rank some input
-    # states; position guesses then take the first free rank from their position on.
-    precedence = {"argument": 0, "manifest": 1, "file": 2, "file name": 3}
-    planned: list[tuple[int, int, model.Capture, int | None, str | None]] = []
-    for position, (index, capture) in enumerate(loaded):
-        spec = specs[index]
-        rank, source = spec.rank, spec.rank_source
-        if rank is None and capture.info.rank_hint is not None:
-            rank, source = capture.info.rank_hint, "file"
-        if rank is None and (named := rank_from_name(spec.path)) is not None:
-            rank, source = named, "file name"
-        planned.append((position, index, capture, rank, source))
-    planned.sort(key=lambda p: (precedence.get(p[4] or "", 9), p[0]))
-
-    taken: dict[int, str] = {}
-    ranks: list[RankCapture] = []
-    for position, index, capture, rank, source in planned:
-        record, spec = records[index], specs[index]
+        describe(record, capture)
         pids = gpu_processes(capture)
-        width = max(len(pids), 1)
-        if rank is None:
-            rank = position
-            while any(r in taken for r in range(rank, rank + width)):
-                rank += 1
-            source = "position"
-            record.warnings.append(
-                f"no rank stated for {spec.path.name}: taken as rank {rank} from its position; "
-                f"write {spec.path}:RANK to say which rank it is"
-            )
-        parts = split_by_process(capture, pids, rank) if len(pids) > 1 else [(rank, capture)]
-        if len(parts) > 1:
-            record.warnings.append(
-                f"{len(parts)} GPU processes in one file: ranks {rank}..{rank + len(parts) - 1} "
-                "in order of the devices they used"
-            )
-        clash = [r for r, _ in parts if r in taken]
-        if clash:
-            record.error_code = "duplicate_rank"
-            record.error = (
-                f"rank {clash[0]} is already given by {taken[clash[0]]}; name each file's rank explicitly as FILE:RANK"
-            )
+        rank, source = stated_rank(spec, capture.info.rank_hint)
+        facts.append(RankFacts(index, len(facts), spec.path, rank, source, max(len(pids), 1)))
+        loaded[index] = (capture, pids)
+
+    ranks: list[RankCapture] = []
+    for index, assignment in resolve_ranks(facts).items():
+        record = records[index]
+        apply_assignment(record, assignment)
+        if assignment.error:
             continue
-        record.rank, record.rank_source = rank, source
-        for part_rank, part in parts:
-            taken[part_rank] = spec.path.name
-            record.ranks.append(part_rank)
-            ranks.append(RankCapture(part_rank, with_rank(part, part_rank), index))
+        capture, pids = loaded[index]
+        for part_rank, part in rank_parts(capture, pids, assignment):
+            ranks.append(RankCapture(part_rank, part, index))
     if not ranks:
-        reasons = "; ".join(r.error for r in records if r.error) or "no input given"
-        raise NoUsableInputError(f"no usable input: {reasons}")
+        raise NoUsableInputError(f"no usable input: {no_input_reasons(records)}")
     ranks.sort(key=lambda r: r.rank)
     return LoadedRun(records, ranks)
+
+
+def describe(record: InputRecord, capture: model.Capture) -> None:
+    """The record's facts about a capture that was read."""
+    record.format = capture.info.format
+    record.tool_version = capture.info.tool_version
+    record.schema_version = capture.info.schema_version
+    record.warnings.extend(capture.info.notes)
+
+
+def apply_assignment(record: InputRecord, assignment: RankAssignment) -> None:
+    """Write resolution's outcome for one input into its record."""
+    record.warnings.extend(assignment.warnings)
+    if assignment.error:
+        record.error, record.error_code = assignment.error, assignment.error_code
+        return
+    record.rank, record.rank_source = assignment.rank, assignment.source
+    record.ranks.extend(assignment.ranks)
+
+
+def rank_parts(capture: model.Capture, pids: list[int], assignment: RankAssignment) -> list[tuple[int, model.Capture]]:
+    """The capture's ranks under an assignment, each with its rank column set."""
+    rank = assignment.ranks[0]
+    parts = split_by_process(capture, pids, rank) if len(pids) > 1 else [(rank, capture)]
+    return [(part_rank, with_rank(part, part_rank)) for part_rank, part in parts]
+
+
+def no_input_reasons(records: Iterable[InputRecord]) -> str:
+    return "; ".join(r.error for r in records if r.error) or "no input given"

@@ -227,7 +227,8 @@ def analyse_run(
     step_sources: Sequence[str] | None = None,
     small_bytes: int | None = None,
 ) -> RunResult:
-    """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture).
+    """Map: every rank's capture → RankResult; reduce: run metrics. ``ranks`` = (rank, Capture),
+    all in memory (the pipeline maps input by input instead: traceguard.mapreduce).
 
     ``step_patterns``: the user's and the profile's step regexes; ``step_sources``: the step
     sources tried, in order (default all: pattern, convention, inferred, window); ``small_bytes``:
@@ -247,6 +248,13 @@ def analyse_run(
         )
         for rank, capture in ranks
     ]
+    return reduce_results(results)
+
+
+def reduce_results(results: Sequence[RankResult]) -> RunResult:
+    """The reduce step: the run's metrics, straggler steps, collectives, peer matrix and workload
+    from the ranks' results (in rank order)."""
+    results = list(results)
     metrics, null = reduce_run(results)
     _, steps, _ = straggler(results)
     return RunResult(

@@ -1,0 +1,449 @@
+"""The analysis of a run as a map over its input files and a reduce over their ranks.
+
+**Map** (:func:`map_input`, one task per input file): read the capture, find the ranks it holds,
+and compute every per-rank metric (:func:`traceguard.metrics.rank.analyse_rank`). Only the
+per-rank results leave the task (a few kB to a few MB per rank: metrics, step rows, aggregated
+timeline), never the events, so the reducer's memory does not grow with the captures.
+
+**Reduce** (:func:`traceguard.metrics.run.reduce_results`): run metrics and the cross-rank
+checks (straggler, homogeneity, peer matrix), in the calling process.
+
+Where the map runs (the *scheduler*, the same code path for each):
+
+- ``serial``: in this process, one input after the other;
+- ``local`` (the default): a pool of ``jobs`` processes on this machine (default: every core);
+- ``tcp://host:port`` (or ``tls://``): a ``dask.distributed`` scheduler (``pip install
+  traceguard[dask]``); its workers must run the same traceguard and see the inputs at the same
+  paths (a shared filesystem). ``TRACEGUARD_DASK_SCHEDULER`` sets it when no scheduler is given.
+
+**Ranks.** A rank's number changes what is computed (the peer of a two-rank communicator, the
+communicator size when the capture does not state it), so each task is given its ranks before it
+analyses. They are planned from what each input states without reading it (``FILE:RANK``, the
+manifest, a peek at the ``RANK`` nsys recorded or Kineto's ``distributedInfo``, the file name)
+and checked against what the full read found (:func:`traceguard.ingest.resolve_ranks` over the
+real facts, as when every capture is loaded at once). An input analysed under ranks the check does
+not confirm (a file holding several GPU processes, a file that states another rank than its name,
+an unreadable input shifting the position guesses) is analysed again under the confirmed ones, so
+the report never depends on the scheduler.
+
+A task that fails on the input (unreadable, truncated, not a capture) makes that input's
+``error``; a task whose worker died (killed for memory, lost machine) is tried once more and then
+becomes the input's ``error`` with code ``worker_lost``. The other inputs go on. An exception that
+is neither is a bug and propagates, as it does without a scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import re
+import sqlite3
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from traceguard.errors import InputError, TraceguardError
+from traceguard.ingest import (
+    GZIP_MAGIC,
+    SQLITE_MAGIC,
+    InputRecord,
+    InputSpec,
+    RankAssignment,
+    RankFacts,
+    describe,
+    gpu_processes,
+    rank_parts,
+    read_capture,
+    resolve_ranks,
+    stated_rank,
+)
+from traceguard.metrics.rank import RankResult, analyse_rank
+
+#: The environment variable naming a Dask scheduler when no ``--scheduler`` is given.
+SCHEDULER_ENV = "TRACEGUARD_DASK_SCHEDULER"
+LOCAL = "local"
+SERIAL = "serial"
+#: Addresses of a dask.distributed scheduler.
+_DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://\S+$")
+#: How much of a Kineto file is searched for ``distributedInfo`` when planning (it precedes the events).
+_KINETO_PEEK_BYTES = 1 << 20
+_KINETO_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+#: Column order of the per-rank copy summary (:func:`copy_summary`).
+COPY_GROUPS = ("kind", "copy_kind", "src_kind", "dst_kind")
+
+#: (inputs done, inputs in all): called in the calling process as each input's map finishes.
+RankProgress = Callable[[int, int], None]
+
+
+class SchedulerError(InputError):
+    """The scheduler named cannot be used (unknown form, dask not installed, unreachable)."""
+
+
+@dataclass(frozen=True)
+class MapOptions:
+    """What every rank's analysis is told (the same for all inputs)."""
+
+    step_patterns: tuple[str, ...] = ()
+    step_sources: tuple[str, ...] | None = None
+    small_bytes: int | None = None
+
+
+@dataclass
+class MapTask:
+    """One input to map: analyse it under ``assignment`` (None: only read and report its facts)."""
+
+    index: int
+    spec: InputSpec
+    assignment: RankAssignment | None
+    ranks_analysed: int
+    options: MapOptions
+    #: The caller's working directory: a relative input path is read from there (a Dask worker
+    #: runs elsewhere), while the report keeps the path as given.
+    base_dir: str = "."
+
+
+@dataclass
+class MapOutcome:
+    """What one input's map sends back: its record, the facts rank resolution needs, and the
+    results of its ranks (empty when it was not analysed or could not be read)."""
+
+    index: int
+    record: InputRecord
+    #: The rank the input states, and from where (None: unreadable).
+    stated: tuple[int | None, str | None] | None = None
+    #: GPU processes in the file (each becomes a rank).
+    width: int = 1
+    #: The ranks and the run's rank count the results were computed under.
+    analysed_as: tuple[tuple[int, ...], int] | None = None
+    #: False when no metric of this input read the number of ranks analysed (the capture states
+    #: its world size): its results stand whatever the count.
+    uses_rank_count: bool = True
+    results: list[RankResult] = field(default_factory=list)
+    #: Per rank: memcpys and memsets of the whole capture by kind and direction (:func:`copy_summary`).
+    copies: list[pl.DataFrame] = field(default_factory=list)
+
+
+@dataclass
+class MappedRun:
+    """The map's outcome for the whole run: input records (as the report lists them) and the
+    per-rank results in rank order, with the per-rank copy summaries."""
+
+    inputs: list[InputRecord]
+    results: list[RankResult]
+    copies: pl.DataFrame
+
+
+def copy_summary(rank: int, capture: Any) -> pl.DataFrame:
+    """Memcpys and memsets of the whole capture (not only the analysis window) by kind, copy kind
+    and memory kinds: ``ops``, Σ ``bytes``, Σ ``time_ns`` (end − start); column ``rank``."""
+    ops = capture.gpu_ops.filter(pl.col("kind").is_in(["memcpy", "memset"]))  # not graph executions
+    return (
+        ops.group_by(*COPY_GROUPS)
+        .agg(
+            pl.len().alias("ops"),
+            pl.col("bytes").sum().alias("bytes"),
+            (pl.col("end") - pl.col("start")).sum().alias("time_ns"),
+        )
+        .with_columns(pl.lit(rank).alias("rank"))
+    )
+
+
+def map_input(task: MapTask) -> MapOutcome:
+    """The map step of one input (module docstring). Errors of the input become its record's
+    ``error``; any other exception is a bug and propagates."""
+    spec = task.spec
+    record = InputRecord(path=str(spec.path))
+    outcome = MapOutcome(task.index, record)
+    try:
+        capture = read_capture(Path(task.base_dir) / spec.path, shown=str(spec.path))
+    except TraceguardError as exc:
+        record.error, record.error_code = str(exc), exc.code
+        return outcome
+    describe(record, capture)
+    pids = gpu_processes(capture)
+    outcome.stated = stated_rank(spec, capture.info.rank_hint)
+    outcome.width = max(len(pids), 1)
+    outcome.uses_rank_count = capture.info.world_size is None
+    assignment = task.assignment
+    if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
+        return outcome  # planned under other ranks than the file holds: the reducer plans it again
+    options = task.options
+    from traceguard.metrics import small_collectives
+    from traceguard.metrics.steps import STEP_SOURCES
+
+    for rank, part in rank_parts(capture, pids, assignment):
+        outcome.results.append(
+            analyse_rank(
+                rank,
+                part,
+                step_patterns=options.step_patterns,
+                step_sources=options.step_sources or STEP_SOURCES,
+                ranks_analysed=task.ranks_analysed,
+                small_bytes=options.small_bytes or small_collectives.DEFAULT_SMALL_BYTES,
+            )
+        )
+        outcome.copies.append(copy_summary(rank, part))
+    outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
+    return outcome
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+
+def peek_rank(path: Path) -> int | None:
+    """The rank a capture states, from a glance at it (no full read): the ``RANK`` an nsys export
+    recorded for the profiled process, or Kineto's ``distributedInfo.rank`` near the top of the
+    file. None when the glance does not tell; a plan only, checked against the full read."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+            if head.startswith(SQLITE_MAGIC):
+                return _peek_nsys_rank(path)
+            fh.seek(0)
+            if head.startswith(GZIP_MAGIC):
+                with gzip.open(fh) as unzipped:
+                    prefix = unzipped.read(_KINETO_PEEK_BYTES)
+            else:
+                prefix = fh.read(_KINETO_PEEK_BYTES)
+    except (OSError, EOFError, ValueError, zlib.error):  # the full read says what is wrong
+        return None
+    match = _KINETO_RANK.search(prefix)
+    return int(match.group(1)) if match else None
+
+
+def _peek_nsys_rank(path: Path) -> int | None:
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = conn.execute(
+            "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE' "
+            "AND value LIKE 'RANK=%' LIMIT 1"
+        ).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    value = str(rows[0][0]).partition("=")[2].strip('"') if rows else ""
+    return int(value) if value.isdigit() else None
+
+
+def plan(specs: Sequence[InputSpec]) -> tuple[dict[int, RankAssignment], int]:
+    """Each input's expected ranks (one process per file) and the run's expected rank count."""
+    facts = []
+    for index, spec in enumerate(specs):
+        rank, source = stated_rank(spec, None if spec.rank is not None else peek_rank(spec.path))
+        facts.append(RankFacts(index, index, spec.path, rank, source, 1))
+    assignments = resolve_ranks(facts)
+    return assignments, sum(len(a.ranks) for a in assignments.values())
+
+
+# -- schedulers ----------------------------------------------------------------------------------
+
+
+def chosen_scheduler(scheduler: str | None) -> str:
+    """The scheduler to use: the one given, else ``TRACEGUARD_DASK_SCHEDULER``, else ``local``."""
+    name = (scheduler or os.environ.get(SCHEDULER_ENV) or LOCAL).strip()
+    if name in (LOCAL, SERIAL) or _DASK_ADDRESS.match(name):
+        return name
+    raise SchedulerError(
+        f"unknown scheduler {name!r}",
+        hint="use `local` (processes on this machine), `serial` (this process), "
+        "or a Dask scheduler address such as tcp://host:8786",
+    )
+
+
+def default_jobs() -> int:
+    """Processes of the local map: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _run_serial(tasks: Sequence[MapTask]) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
+    for task in tasks:
+        yield task, map_input(task)
+
+
+def _run_local(tasks: Sequence[MapTask], jobs: int) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
+    """Tasks on a pool of processes. A dead worker breaks the whole pool and fails every task in it:
+    those are tried again in a new pool; a task that was in two broken pools then runs alone, and
+    if its pool breaks once more it is that input's error, so one input that kills its worker
+    cannot take the others down."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # polars' threads do not survive a fork
+    losses: dict[int, int] = {}
+    pending = list(tasks)
+    while pending:
+        suspects = [t for t in pending if losses.get(t.index, 0) >= 2]
+        batch = suspects[:1] or pending
+        with ProcessPoolExecutor(max_workers=min(jobs, len(batch)), mp_context=context) as pool:
+            running: dict[Future[MapOutcome], MapTask] = {pool.submit(map_input, t): t for t in batch}
+            settled: set[int] = set()
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = running.pop(future)
+                    try:
+                        outcome = future.result()
+                    except BrokenProcessPool as exc:
+                        losses[task.index] = losses.get(task.index, 0) + 1
+                        if losses[task.index] > 2:
+                            settled.add(task.index)
+                            yield task, exc
+                        continue
+                    settled.add(task.index)
+                    yield task, outcome
+        pending = [t for t in pending if t.index not in settled]
+
+
+def _run_dask(tasks: Sequence[MapTask], address: str) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
+    try:
+        from distributed import Client, as_completed
+        from distributed.scheduler import KilledWorker
+    except ImportError as exc:
+        raise SchedulerError(
+            f"the Dask scheduler {address} needs dask.distributed, which is not installed",
+            hint="pip install 'traceguard[dask]', or use --scheduler local",
+        ) from exc
+    try:
+        client = Client(address, timeout="10s", set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerError(
+            f"cannot reach the Dask scheduler at {address} ({exc})",
+            hint="start it with `dask scheduler` (and workers with `dask worker ADDRESS`), or use --scheduler local",
+        ) from exc
+    with client:
+        futures = {client.submit(map_input, task, pure=False): task for task in tasks}
+        for future in as_completed(futures, loop=client.loop):
+            task = futures[future]
+            try:
+                yield task, future.result()
+            except KilledWorker as exc:
+                yield task, exc
+            finally:
+                future.release()
+
+
+def _execute(
+    tasks: Sequence[MapTask], scheduler: str, jobs: int
+) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
+    if scheduler == SERIAL or (scheduler == LOCAL and (jobs <= 1 or len(tasks) <= 1)):
+        return _run_serial(tasks)
+    if scheduler == LOCAL:
+        return _run_local(tasks, jobs)
+    return _run_dask(tasks, scheduler)
+
+
+def _lost(task: MapTask, exc: BaseException) -> MapOutcome:
+    record = InputRecord(path=str(task.spec.path))
+    record.error_code = "worker_lost"
+    record.error = (
+        f"{task.spec.path}: the process analysing this input died twice ({type(exc).__name__}); "
+        "the usual cause is running out of memory"
+    )
+    return MapOutcome(task.index, record)
+
+
+# -- the map over a run --------------------------------------------------------------------------
+
+
+def map_run(
+    specs: Sequence[InputSpec],
+    options: MapOptions,
+    *,
+    scheduler: str | None = None,
+    jobs: int | None = None,
+    on_ranks: RankProgress | None = None,
+    on_input: Callable[[InputSpec], None] | None = None,
+) -> MappedRun:
+    """Map every input (module docstring) and return the confirmed records and rank results.
+
+    ``on_input`` is called as an input is handed to the map (serial) or when its result arrives;
+    ``on_ranks(done, total)`` as each input's map finishes."""
+    name = chosen_scheduler(scheduler)
+    workers = jobs or default_jobs()
+    assignments, expected_ranks = plan(specs)
+    here = os.getcwd()
+    tasks = [MapTask(i, spec, assignments.get(i), expected_ranks, options, here) for i, spec in enumerate(specs)]
+    outcomes: dict[int, MapOutcome] = {}
+    total = len(tasks)
+    for task, result in _execute(tasks, name, workers):
+        outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
+        if on_input:
+            on_input(task.spec)
+        if on_ranks:
+            on_ranks(len(outcomes), total)
+
+    # Check the plan against what the reads found; inputs analysed under other ranks go again.
+    for _ in range(3):
+        confirmed, ranks_analysed = _confirm(outcomes)
+        again = [
+            MapTask(index, specs[index], assignment, ranks_analysed, options, here)
+            for index, assignment in confirmed.items()
+            if not assignment.error and not _stands(outcomes[index], assignment, ranks_analysed)
+        ]
+        if not again:
+            break
+        for task, result in _execute(again, name, workers):
+            outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
+    else:  # pragma: no cover - a plan that does not settle is a bug in resolve_ranks
+        raise RuntimeError("rank resolution did not settle")
+
+    records: list[InputRecord] = []
+    results: list[RankResult] = []
+    copies: list[pl.DataFrame] = []
+    for index in range(len(specs)):
+        outcome = outcomes[index]
+        record = outcome.record
+        assignment = confirmed.get(index)
+        if assignment is not None:
+            from traceguard.ingest import apply_assignment
+
+            apply_assignment(record, assignment)
+            if not assignment.error:
+                results.extend(outcome.results)
+                copies.extend(outcome.copies)
+        records.append(record)
+    results.sort(key=lambda r: r.rank)
+    return MappedRun(records, results, _concat_copies(copies))
+
+
+def _confirm(outcomes: dict[int, MapOutcome]) -> tuple[dict[int, RankAssignment], int]:
+    facts: list[RankFacts] = []
+    for index in sorted(outcomes):
+        outcome = outcomes[index]
+        if outcome.stated is None:
+            continue
+        rank, source = outcome.stated
+        facts.append(RankFacts(index, len(facts), Path(outcome.record.path), rank, source, outcome.width))
+    confirmed = resolve_ranks(facts)
+    return confirmed, sum(len(a.ranks) for a in confirmed.values())
+
+
+def _stands(outcome: MapOutcome, assignment: RankAssignment, ranks_analysed: int) -> bool:
+    """Whether the input's results were computed under the confirmed ranks (and rank count, when
+    a metric of it read the count)."""
+    if outcome.analysed_as is None:
+        return False
+    ranks, count = outcome.analysed_as
+    return ranks == tuple(assignment.ranks) and (count == ranks_analysed or not outcome.uses_rank_count)
+
+
+def _concat_copies(parts: Iterable[pl.DataFrame]) -> pl.DataFrame:
+    frames = [p for p in parts if p.height]
+    if not frames:
+        return pl.DataFrame()
+    with contextlib.suppress(pl.exceptions.SchemaError):
+        return pl.concat(frames, how="vertical_relaxed")
+    return pl.concat(frames, how="diagonal_relaxed")
