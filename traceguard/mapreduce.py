@@ -11,7 +11,10 @@ checks (straggler, homogeneity, peer matrix), in the calling process.
 Where the map runs (the *scheduler*, the same code path for each):
 
 - ``serial``: in this process, one input after the other;
-- ``local`` (the default): a pool of ``jobs`` processes on this machine (default: every core);
+- ``local`` (the default): a pool of ``jobs`` processes on this machine (default: every core).
+  Starting a process costs about a second (Python, Polars, traceguard imported afresh), so without
+  an explicit ``jobs`` a run whose files hold less than :data:`LOCAL_POOL_MIN_BYTES` in all is
+  mapped in this process;
 - ``tcp://host:port`` (or ``tls://``): a ``dask.distributed`` scheduler (``pip install
   traceguard[dask]``); its workers must run the same traceguard and see the inputs at the same
   paths (a shared filesystem). ``TRACEGUARD_DASK_SCHEDULER`` sets it when no scheduler is given.
@@ -75,6 +78,8 @@ _DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx|ws|wss)://\S+$")
 #: How much of a Kineto file is searched for ``distributedInfo`` when planning (it precedes the events).
 _KINETO_PEEK_BYTES = 1 << 20
 _KINETO_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+#: Below this many bytes of input files in all, ``local`` maps in this process unless ``jobs`` is given.
+LOCAL_POOL_MIN_BYTES = 64 << 20
 #: Column order of the per-rank copy summary (:func:`copy_summary`).
 COPY_GROUPS = ("kind", "copy_kind", "src_kind", "dst_kind")
 
@@ -335,9 +340,20 @@ def _run_dask(tasks: Sequence[MapTask], address: str) -> Iterator[tuple[MapTask,
                 future.release()
 
 
+def _input_bytes(tasks: Sequence[MapTask]) -> int:
+    total = 0
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            total += (Path(task.base_dir) / task.spec.path).stat().st_size
+    return total
+
+
 def _execute(
-    tasks: Sequence[MapTask], scheduler: str, jobs: int
+    tasks: Sequence[MapTask], scheduler: str, jobs: int | None
 ) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
+    if scheduler == LOCAL and jobs is None and _input_bytes(tasks) < LOCAL_POOL_MIN_BYTES:
+        jobs = 1  # a process pool would not pay for its start-up
+    jobs = jobs or default_jobs()
     if scheduler == SERIAL or (scheduler == LOCAL and (jobs <= 1 or len(tasks) <= 1)):
         return _run_serial(tasks)
     if scheduler == LOCAL:
@@ -372,13 +388,12 @@ def map_run(
     ``on_input`` is called as an input is handed to the map (serial) or when its result arrives;
     ``on_ranks(done, total)`` as each input's map finishes."""
     name = chosen_scheduler(scheduler)
-    workers = jobs or default_jobs()
     assignments, expected_ranks = plan(specs)
     here = os.getcwd()
     tasks = [MapTask(i, spec, assignments.get(i), expected_ranks, options, here) for i, spec in enumerate(specs)]
     outcomes: dict[int, MapOutcome] = {}
     total = len(tasks)
-    for task, result in _execute(tasks, name, workers):
+    for task, result in _execute(tasks, name, jobs):
         outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
         if on_input:
             on_input(task.spec)
@@ -395,7 +410,7 @@ def map_run(
         ]
         if not again:
             break
-        for task, result in _execute(again, name, workers):
+        for task, result in _execute(again, name, jobs):
             outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
     else:  # pragma: no cover - a plan that does not settle is a bug in resolve_ranks
         raise RuntimeError("rank resolution did not settle")

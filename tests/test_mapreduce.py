@@ -1,0 +1,168 @@
+"""The run's analysis as a map per input file and a reduce over ranks (traceguard.mapreduce).
+
+The oracle is the whole-in-memory path the pipeline used before: every capture loaded at once
+(``load_run``), ranks resolved together, then ``analyse_run``. Whatever runs the map (this
+process, a local process pool, a real ``dask.distributed`` cluster), the report must be that
+report, byte for byte apart from ``generated_at`` — also where planning ranks without reading
+the files guesses wrong (a file with two GPU processes, an unreadable file shifting position
+guesses, a file whose content states another rank than its name, a duplicate).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import OWN, public_nsys
+from traceguard import pipeline
+from traceguard.checks.profiles import load_profile
+from traceguard.checks.rules import evaluate
+from traceguard.cli import app
+from traceguard.ingest import load_run
+from traceguard.ingest.sides import SideData, SideFiles, discover, load_side
+from traceguard.mapreduce import SCHEDULER_ENV, peek_rank
+from traceguard.metrics.links import analyse_links
+from traceguard.metrics.run import analyse_run
+from traceguard.report import document
+
+H200 = OWN / "h200"
+H200X4 = OWN / "h200x4" / "p2p_nsys"
+TORCH = sorted((H200 / "p2p_torch").glob("rank*.trace.json.gz"))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tg-cache"))
+    monkeypatch.delenv(SCHEDULER_ENV, raising=False)
+
+
+def _whole_in_memory(inputs: list[str]) -> dict[str, Any]:
+    """The report as the pipeline made it with every capture in memory at once."""
+    profile = load_profile("production")
+    files = SideFiles()
+    for item in inputs:
+        if Path(item).is_dir():
+            files.extend(discover(Path(item)))
+    side = load_side(files) if files.any() else SideData()
+    loaded = load_run(inputs)
+    result = analyse_run(
+        [(r.rank, r.capture) for r in loaded.ranks],
+        step_patterns=profile.step_patterns,
+        small_bytes=profile.rule("small_collectives").params.get("small_bytes"),
+    )
+    links = analyse_links(
+        side,
+        peak_busbw_gbps=profile.rule("p2p_utilization").params.get("peak_busbw_gbps"),
+        rated_pcie_gbps=profile.rule("pcie_saturation").params.get("rated_pcie_gbps"),
+    )
+    result.links = links
+    result.metrics.update(links.metrics)
+    result.null_reasons.update(links.null_reasons)
+    return document.build(loaded.inputs, result, evaluate(result, profile), profile, side=side)
+
+
+def _same(report: dict[str, Any]) -> bytes:
+    """The report without its one per-analysis field, as bytes."""
+    return orjson.dumps({k: v for k, v in report.items() if k != "generated_at"}, option=orjson.OPT_SORT_KEYS)
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory, unpacked) -> dict[str, list[str]]:
+    """Runs where a plan made without reading the files is wrong, and one where it is right."""
+    root = tmp_path_factory.mktemp("mapreduce")
+    empty = root / "truncated.sqlite"
+    empty.write_bytes(b"")
+    stated = peek_rank(unpacked(H200 / "p2p_nsys" / "cap_1.sqlite.gz"))
+    assert stated is not None
+    misnamed = root / f"cap_{stated + 3}.sqlite"  # the file says one rank, its name another
+    shutil.copy(unpacked(H200 / "p2p_nsys" / "cap_1.sqlite.gz"), misnamed)
+    twin = root / "rank0.trace.json.gz"  # the same rank twice
+    shutil.copy(TORCH[0], twin)
+    mock, other = str(unpacked(public_nsys("mock"))), str(unpacked(public_nsys("at_ee4fcf3")))
+    return {
+        # Two GPU processes in the first file: it takes ranks 0 and 1, the next guess moves to 2.
+        "two_processes_first": [str(unpacked(public_nsys("h100_2gpu_1s"))), mock],
+        # The unreadable first file shifts both position guesses down by one.
+        "unreadable_first": [str(empty), mock, other],
+        "file_beats_name": [str(misnamed), str(TORCH[0])],
+        "duplicate": [str(TORCH[0]), str(twin)],
+        "bundle_of_four": [str(H200X4)],
+        "kineto_pair": [str(t) for t in TORCH],
+    }
+
+
+CASES = ["two_processes_first", "unreadable_first", "file_beats_name", "duplicate", "bundle_of_four", "kineto_pair"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_serial_map_gives_the_whole_in_memory_report(cases: dict[str, list[str]], case: str) -> None:
+    expected = _whole_in_memory(cases[case])
+    got = pipeline.analyze(cases[case], scheduler="serial").report
+    assert _same(got) == _same(expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_process_pool_map_gives_the_whole_in_memory_report(cases: dict[str, list[str]], case: str) -> None:
+    expected = _whole_in_memory(cases[case])
+    got = pipeline.analyze(cases[case], scheduler="local", jobs=2).report
+    assert _same(got) == _same(expected)
+
+
+def test_the_plan_is_checked_against_what_the_files_say(cases: dict[str, list[str]]) -> None:
+    """The cases above do exercise wrong plans: the ranks the reads confirm differ from the guesses."""
+    report = pipeline.analyze(cases["two_processes_first"], scheduler="serial").report
+    assert [(i["ranks"], i["rank_source"]) for i in report["inputs"]] == [([0, 1], "position"), ([2], "position")]
+    report = pipeline.analyze(cases["unreadable_first"], scheduler="serial").report
+    assert [i["ranks"] for i in report["inputs"]] == [[], [0], [1]]
+    assert report["inputs"][0]["error"]
+    report = pipeline.analyze(cases["duplicate"], scheduler="serial").report
+    assert report["inputs"][1]["error_code"] == "duplicate_rank" and len(report["ranks"]) == 1
+
+
+@pytest.mark.slow
+def test_a_dask_cluster_gives_the_same_report(cases: dict[str, list[str]]) -> None:
+    """A real dask.distributed cluster of two worker processes; paths relative to the caller's
+    directory still name the files as given."""
+    distributed = pytest.importorskip("distributed")
+    inputs = [str(H200X4), *cases["two_processes_first"]]
+    expected = _whole_in_memory(inputs)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        got = pipeline.analyze(inputs, scheduler=cluster.scheduler_address).report
+        relative = pipeline.analyze([str(H200X4.relative_to(Path.cwd()))], scheduler=cluster.scheduler_address).report
+    assert _same(got) == _same(expected)
+    assert all(i["error"] is None for i in relative["inputs"])
+    assert [i["path"] for i in relative["inputs"]] == [
+        i["path"] for i in pipeline.analyze([str(H200X4.relative_to(Path.cwd()))], scheduler="serial").report["inputs"]
+    ]
+
+
+def test_progress_counts_every_input_once(cases: dict[str, list[str]]) -> None:
+    seen: list[tuple[int, int]] = []
+    inputs = cases["unreadable_first"]
+    pipeline.analyze(inputs, scheduler="serial", on_ranks=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, len(inputs)) for i in range(1, len(inputs) + 1)]
+
+
+def test_cli_scheduler_choices(tmp_path: Path) -> None:
+    runner = CliRunner()
+    serial = tmp_path / "serial.json"
+    pool = tmp_path / "pool.json"
+    for target, extra in ((serial, ["--scheduler", "serial"]), (pool, ["--scheduler", "local", "-j", "2"])):
+        result = runner.invoke(app, ["analyze", str(H200X4), "-f", "json", "-o", str(target), *extra])
+        assert result.exit_code == 0, result.output
+    assert _same(orjson.loads(serial.read_bytes())) == _same(orjson.loads(pool.read_bytes()))
+    bad = runner.invoke(app, ["analyze", str(H200X4), "--scheduler", "yarn"])
+    assert bad.exit_code == 2
+    assert "unknown scheduler 'yarn'" in bad.output and "tcp://host:8786" in bad.output
+
+
+def test_scheduler_from_the_environment_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCHEDULER_ENV, "spark://nowhere")
+    result = CliRunner().invoke(app, ["analyze", str(H200X4)])
+    assert result.exit_code == 2 and "unknown scheduler 'spark://nowhere'" in result.output
