@@ -42,6 +42,11 @@ class JobPublic(BaseModel):
     status: str = Field(description="queued, running, succeeded or failed")
     profile: str
     attempts: int
+    ranks_done: int | None = Field(
+        description="captures (ranks' inputs) of the current attempt whose per-rank analysis has finished; "
+        "null before the attempt starts"
+    )
+    ranks_total: int | None = Field(description="captures in the analysis; null before the attempt starts")
     error: JobError | None
     created_at: datetime
     started_at: datetime | None

@@ -26,6 +26,8 @@ def job_public(job: Job) -> JobPublic:
         status=job.status,
         profile=job.profile,
         attempts=job.attempts,
+        ranks_done=job.ranks_done,
+        ranks_total=job.ranks_total,
         error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
         created_at=job.created_at,
         started_at=job.started_at,

@@ -3,7 +3,8 @@
 ``serve``, ``token create`` and the app factory all resolve the database the same way:
 ``--data-dir`` / ``TRACEGUARD_DATA_DIR`` names the directory (blobs, job scratch, and the embedded
 SQLite file), and ``TRACEGUARD_DATABASE_URL`` (e.g. ``postgresql://user@host/db``) replaces the
-embedded database.
+embedded database. ``traceguard worker`` reads the same settings, so API and worker processes
+given the same environment share one queue and one blob store.
 """
 
 from __future__ import annotations
@@ -50,12 +51,22 @@ class Settings(BaseSettings):
     job_max_attempts: int = 3
     poll_interval_s: float = 0.5
     max_rows: int = 200_000_000
+    #: Where a job's per-rank map runs (``analyze(scheduler=...)``): "local" (a process pool in the
+    #: job's analysis process), "serial" (one input at a time, one core per job: the choice when
+    #: several jobs share a machine), or "tcp://host:port" (a dask.distributed scheduler). None:
+    #: the analysis's own default.
+    dask_scheduler: str | None = None
+    #: Processes of the "local" scheduler per job (None: all cores).
+    analysis_jobs: int | None = None
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:
         self.data_dir = self.data_dir.expanduser().resolve()
         if self.workers < 1:
             raise ValueError("TRACEGUARD_WORKERS must be at least 1")
+        if self.analysis_jobs is not None and self.analysis_jobs < 1:
+            raise ValueError("TRACEGUARD_ANALYSIS_JOBS must be at least 1")
+        self.dask_scheduler = self.dask_scheduler or None  # an empty variable means unset
         return self
 
     @property

@@ -1,4 +1,5 @@
-"""serve and token: the service (API, web pages, background analysis) and its API tokens.
+"""serve, worker and token: the service (API, web pages, background analysis), its analysis
+workers as processes of their own, and its API tokens.
 
 Imports stay lazy so that the analysis commands start without SQLAlchemy or FastAPI.
 """
@@ -20,6 +21,13 @@ def serve_command(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     data_dir: DataDirOpt = None,
     workers: Annotated[int | None, typer.Option(help="Analysis worker threads (default 2).")] = None,
+    no_workers: Annotated[
+        bool,
+        typer.Option(
+            "--no-workers",
+            help="API and web pages only: uploads queue their analysis jobs for `traceguard worker` processes.",
+        ),
+    ] = False,
 ) -> None:
     """Run the service (API, web pages, background analysis). On an empty store it creates project
     `default` and prints an admin token, once."""
@@ -41,8 +49,38 @@ def serve_command(
         err.print(f"created project [bold]default[/]; its admin token (shown only now):\n{secret}")
     err.print(
         f"traceguard serving on http://{host}:{port} · store {where(settings)} · blobs {settings.data_dir / 'blobs'}"
+        + (" · no workers: `traceguard worker` runs the analyses" if no_workers else "")
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(create_app(settings, workers=not no_workers), host=host, port=port, log_level="info", access_log=False)
+
+
+@app.command("worker")
+def worker_command(
+    data_dir: DataDirOpt = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Analyses run at once (threads, each with its child).")
+    ] = 1,
+) -> None:
+    """Run analysis jobs queued by `traceguard serve --no-workers`: the same store (TRACEGUARD_DATABASE_URL,
+    or the embedded database of --data-dir) and blob directory. Any number may run, on any machines
+    sharing them. SIGTERM or SIGINT stops it cleanly: running jobs go back to the queue."""
+    import logging
+
+    from traceguard.service import worker
+    from traceguard.service.context import Context
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # "Context impl ..." on every start says nothing
+    settings = settings_for(data_dir)
+    try:
+        ctx = Context.open(settings)
+    except TraceguardError as exc:
+        raise fail(exc) from None
+    try:
+        code = worker.main(ctx, concurrency)
+    finally:
+        ctx.close()
+    raise typer.Exit(code)
 
 
 token_app = typer.Typer(help="API tokens (scoped to one project).")

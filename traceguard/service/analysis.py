@@ -6,6 +6,11 @@ never blocks the server, can be stopped at the time limit, and cannot take the s
 ``jobs/<job>/<file id>/<original name>`` links to the blobs, so reports name the files as they
 were uploaded and rank inference by file name works as on the command line. Ranks given at
 upload (or by a bundle's manifest) are passed as ``FILE:RANK`` arguments would be.
+
+Progress: the child appends ``DONE TOTAL`` lines to ``<work dir>/progress`` as each capture's
+per-rank map finishes (``analyze(on_ranks=...)``); the parent reads them while it waits and
+stores the latest on the job (``ranks_done`` / ``ranks_total``), so the API shows how far a long
+analysis has come.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +55,14 @@ class _Spec:
     cache_dir: str
     max_rows: int
     step_patterns: list[str]
+    scheduler: str | None
+    jobs: int | None
+    progress: str
 
 
-def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str, step_patterns: list[str]) -> _Spec:
+def _layout(
+    job_dir: Path, ctx: Context, files: list[File], profile: str, step_patterns: list[str], progress: Path
+) -> _Spec:
     """Link each blob as ``<job_dir>/<file id>/<name>``; the spec of what to analyse."""
     inputs: list[tuple[str, int | None]] = []
     side: dict[str, list[str]] = {}
@@ -65,7 +76,53 @@ def _layout(job_dir: Path, ctx: Context, files: list[File], profile: str, step_p
             inputs.append((str(link), f.rank))
         else:
             side.setdefault(f.kind, []).append(str(link))
-    return _Spec(inputs, side, profile, str(ctx.cache_dir), ctx.settings.max_rows, step_patterns)
+    settings = ctx.settings
+    return _Spec(
+        inputs,
+        side,
+        profile,
+        str(ctx.cache_dir),
+        settings.max_rows,
+        step_patterns,
+        settings.dask_scheduler,
+        settings.analysis_jobs,
+        str(progress),
+    )
+
+
+def captures(files: list[File]) -> int:
+    """How many of the files are captures: the inputs whose per-rank map the progress counts."""
+    return sum(f.kind in CAPTURE_KINDS for f in files)
+
+
+class _ProgressReader:
+    """Reads the ``DONE TOTAL`` lines the child appends, from where it left off; only whole lines
+    count (the child may be mid-write)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.latest: tuple[int, int] | None = None
+
+    def poll(self) -> tuple[int, int] | None:
+        """The newest progress, when it changed since the last poll; else None."""
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return None
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        newest = None
+        for line in complete.splitlines():
+            done, _, total = line.decode(errors="replace").partition(" ")
+            if done.isdigit() and total.isdigit():
+                newest = (int(done), int(total))
+        if newest is None or newest == self.latest:
+            return None
+        self.latest = newest
+        return newest
 
 
 def _resolved_ranks(doc: dict[str, Any], inputs_dir: Path) -> dict[int, int | None]:
@@ -102,16 +159,21 @@ def run_analysis(
     step_patterns: list[str] | None = None,
     heartbeat: Callable[[], bool] | None = None,
     stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[int, int], bool] | None = None,
 ) -> tuple[dict[str, Any], dict[int, int | None]]:
     """Analyse ``files`` under ``profile`` (and the run's ``step_patterns``) in a child process;
     the report document (inputs named as uploaded) and the rank resolved for each file id.
 
     ``heartbeat`` is called every few seconds while it runs (False: give up, the job is no longer
-    ours); ``stop`` says the server is shutting down. Raises AnalysisFailed."""
+    ours); ``stop`` says the server is shutting down; ``on_progress(done, total)`` is called when
+    the child reports more captures analysed (False, like heartbeat: give up). Raises
+    AnalysisFailed."""
     if work_dir.exists():
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True)
-    spec = _layout(work_dir / "inputs", ctx, files, profile, list(step_patterns or []))
+    progress = work_dir / "progress"
+    spec = _layout(work_dir / "inputs", ctx, files, profile, list(step_patterns or []), progress)
+    reader = _ProgressReader(progress)
     out = work_dir / "result.json"
     spec_path = work_dir / "spec.json"
     spec_path.write_bytes(orjson.dumps(spec.__dict__))
@@ -129,7 +191,8 @@ def run_analysis(
     try:
         while process.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=min(1.0, beat_every))
+                # A short wait: progress reaches the job within a fraction of a second.
+                process.wait(timeout=0.25)
             now = time.monotonic()
             if now > deadline:
                 raise AnalysisFailed(
@@ -141,6 +204,8 @@ def run_analysis(
                 next_beat = now + beat_every
                 if not heartbeat():
                     raise AnalysisFailed("lease_lost", "the job was taken over after its lease ran out")
+            if on_progress is not None and (latest := reader.poll()) is not None and not on_progress(*latest):
+                raise AnalysisFailed("lease_lost", "the job was taken over after its lease ran out")
     finally:
         if process.poll() is None:
             process.kill()
@@ -165,7 +230,9 @@ def run_analysis(
 
 
 def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] | None = None) -> str:
-    """Run one claimed job to its end and record the outcome; returns the job's final status.
+    """Run one claimed job to its end and record the outcome; returns the job's final status:
+    succeeded, failed, queued (handed back: the worker is stopping), lost (the lease ran out and
+    the job is no longer ours: nothing recorded) or missing.
 
     On failure the error is stored on the job, and the run's earlier results stay as they were."""
     with ctx.factory() as session:
@@ -176,43 +243,60 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
         profile, run_id, attempt = job.profile, job.run_id, job.attempts
         run = session.get(Run, run_id)
         step_patterns = list(run.step_patterns or []) if run is not None else []
-    # One folder per attempt: an analysis orphaned by a killed server cannot write into the next.
-    work_dir = ctx.jobs_dir / f"{job_id}-{attempt}-{os.getpid()}"
+    # One folder per attempt (and per claimer: workers on several machines share the data
+    # directory): an analysis orphaned by a killed worker cannot write into the next one's.
+    work_dir = ctx.jobs_dir / f"{job_id}-{attempt}-{uuid.uuid4().hex[:12]}"
 
     def heartbeat() -> bool:
         with ctx.factory() as session:
             return jobs.renew(session, job_id, worker, ctx.settings.job_lease_s)
 
+    def on_progress(done: int, total: int) -> bool:
+        with ctx.factory() as session:
+            return jobs.progress(session, job_id, worker, done, total)
+
     try:
         if not files:
             raise AnalysisFailed("no_files", "the run has no files to analyse")
+        if not on_progress(0, captures(files)):
+            raise AnalysisFailed("lease_lost", "the job was taken over after its lease ran out")
         doc, resolved = run_analysis(
-            ctx, files, profile, work_dir, step_patterns=step_patterns, heartbeat=heartbeat, stop=stop
+            ctx,
+            files,
+            profile,
+            work_dir,
+            step_patterns=step_patterns,
+            heartbeat=heartbeat,
+            stop=stop,
+            on_progress=on_progress,
         )
     except AnalysisFailed as exc:
-        if exc.code in ("interrupted", "lease_lost"):
+        if exc.code == "lease_lost":
+            return "lost"
+        if exc.code == "interrupted":
             with ctx.factory() as session:  # leave it for the next worker
-                job = session.get(Job, job_id)
-                if job is not None and job.status == "running" and job.worker == worker:
-                    job.status, job.worker, job.lease_expires_at = "queued", None, None
-                    session.commit()
-            return "queued"
+                return "queued" if jobs.release(session, job_id, worker) else "lost"
         with transaction(ctx.factory) as session:
-            job = session.get(Job, job_id)
-            if job is not None:
-                jobs.fail(session, job, code=exc.code, message=exc.message)
+            job = jobs.hold(session, job_id, worker)
+            if job is None:
+                return "lost"
+            jobs.fail(session, job, code=exc.code, message=exc.message)
         return "failed"
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     with transaction(ctx.factory) as session:
-        job = session.get(Job, job_id)
+        job = jobs.hold(session, job_id, worker)
+        if job is None:  # another worker took it over; its outcome is the one recorded
+            return "lost"
         run = session.get(Run, run_id)
-        if job is None or run is None:
+        if run is None:
             return "missing"
         files = run_files(session, run_id)
         results.save_report(session, run_id=run_id, job_id=job_id, input_key=job.input_key, doc=doc)
         if job.profile == run.profile and job.input_key == input_key(files):
             results.save_results(session, run, job, doc, files, resolved)
+        if job.ranks_total is not None:
+            job.ranks_done = job.ranks_total  # every capture analysed, reported or not
         jobs.finish(session, job, verdict=doc["verdict"])
     return "succeeded"
 
@@ -227,7 +311,7 @@ def report_for(ctx: Context, run: Run, profile: str) -> dict[str, Any]:
             return stored.document
     if not files:
         raise AnalysisFailed("no_files", "the run has no files to analyse")
-    work_dir = ctx.jobs_dir / f"report-{run.id}-{os.getpid()}-{time.monotonic_ns()}"
+    work_dir = ctx.jobs_dir / f"report-{run.id}-{uuid.uuid4().hex[:12]}"
     try:
         doc, _ = run_analysis(ctx, files, profile, work_dir, step_patterns=list(run.step_patterns or []))
     finally:

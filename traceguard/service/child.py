@@ -1,9 +1,13 @@
 """``python -m traceguard.service.child SPEC OUT``: one analysis, in its own process.
 
 SPEC (JSON): inputs [[path, rank|null]], side {kind: [paths]}, profile, cache_dir, max_rows,
-step_patterns [regex].
+step_patterns [regex], scheduler (null|"local"|"serial"|"tcp://..."), jobs (null|int), progress
+(a path: ``DONE TOTAL`` lines are appended to it as each capture's per-rank map finishes).
 OUT receives ``{"report": ...}`` or ``{"error": {"code", "message"[, "hint"]}}``; the parent
 (:mod:`traceguard.service.analysis`) enforces the time limit and stores the outcome.
+
+The child ends itself when its parent dies (a worker killed with SIGKILL): its job's lease runs
+out and another worker analyses it again, so this result would never be read.
 
 The message is what the run's owner reads on the failed job: the project's own errors say which
 file is wrong and how; an internal error (a bug) says so in words, with the exception's type and
@@ -14,7 +18,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,32 @@ def internal_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _progress_writer(path: str | None) -> Callable[[int, int], None] | None:
+    """``on_ranks(done, total)`` appending one whole line per call (the parent reads whole lines)."""
+    if not path:
+        return None
+    lock = threading.Lock()  # the map may report from several threads
+
+    def on_ranks(done: int, total: int) -> None:
+        with lock, open(path, "a", encoding="ascii") as handle:
+            handle.write(f"{done} {total}\n")
+
+    return on_ranks
+
+
+def _end_with_parent(interval: float = 0.5) -> None:
+    """Exit as soon as the process that started us is gone (we were re-parented)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["TRACEGUARD_CACHE_DIR"] = spec["cache_dir"]
     os.environ["TRACEGUARD_MAX_ROWS"] = str(spec["max_rows"])
@@ -60,7 +93,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             InputSpec(Path(path), rank, "argument" if rank is not None else None) for path, rank in spec["inputs"]
         ]
         patterns = spec.get("step_patterns") or []
-        return {"report": analyze(inputs, profile=spec["profile"], side_files=side, step_patterns=patterns).report}
+        mapping: dict[str, Any] = {
+            "scheduler": spec.get("scheduler"),
+            "jobs": spec.get("jobs"),
+            "on_ranks": _progress_writer(spec.get("progress")),
+        }
+        import inspect  # TEMPORARY: until analyze(scheduler=, jobs=, on_ranks=) lands (issue 13)
+
+        if "on_ranks" not in inspect.signature(analyze).parameters:
+            mapping = {}
+        analysis = analyze(inputs, profile=spec["profile"], side_files=side, step_patterns=patterns, **mapping)
+        return {"report": analysis.report}
     except TraceguardError as exc:
         return exc.to_dict()
     except MemoryError:
@@ -72,6 +115,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec_path, out = argv
+    _end_with_parent()
     payload = run(orjson.loads(Path(spec_path).read_bytes()))
     Path(out).write_bytes(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
     return 0

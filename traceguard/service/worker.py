@@ -1,21 +1,28 @@
-"""The in-process worker pool: threads that claim queued jobs from the store and execute them.
+"""Workers: threads that claim queued jobs from the store and execute them.
 
-Each thread only waits on a child process (the analysis itself runs in one), so the server's
-event loop is never blocked. Jobs left running by a crashed or killed server are found by their
-expired lease and queued again; on a clean stop, running jobs go straight back to the queue.
+A :class:`WorkerPool` runs inside ``traceguard serve`` (the default, and the only choice for the
+embedded SQLite store of one machine) or as its own process, ``traceguard worker`` (:func:`main`),
+any number of them on any number of machines sharing one PostgreSQL database and one blob
+directory with ``traceguard serve --no-workers``. Each thread only waits on a child process (the
+analysis itself runs in one), so the server's event loop is never blocked. Jobs left running by a
+crashed or killed process are found by their expired lease and queued again by whichever worker
+sweeps next; on a clean stop, running jobs go straight back to the queue.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
+from types import FrameType
 
 from traceguard.service.analysis import execute
 from traceguard.service.context import Context
 from traceguard.store import jobs
+from traceguard.store.tables import Job
 
 log = logging.getLogger("traceguard.worker")
 
@@ -29,7 +36,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._name = f"{socket.gethostname()}:{os.getpid()}"
         self.busy = 0
-        self.completed = {"succeeded": 0, "failed": 0, "queued": 0, "missing": 0}
+        self.completed = {"succeeded": 0, "failed": 0, "queued": 0, "lost": 0, "missing": 0}
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -47,10 +54,15 @@ class WorkerPool:
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop claiming; running analyses are ended and their jobs handed back to the queue."""
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     @property
     def alive(self) -> bool:
@@ -65,23 +77,64 @@ class WorkerPool:
                 if now >= next_sweep:
                     next_sweep = now + max(1.0, self.ctx.settings.job_lease_s / 2)
                     with self.ctx.factory() as session:
-                        jobs.requeue_expired(session, self.ctx.settings.job_max_attempts)
+                        requeued, abandoned = jobs.requeue_expired(session, self.ctx.settings.job_max_attempts)
+                    if requeued or abandoned:
+                        log.warning("%d job(s) with an expired lease requeued, %d abandoned", requeued, abandoned)
                 with self.ctx.factory() as session:
                     job = jobs.claim(session, worker, self.ctx.settings.job_lease_s)
                 if job is None:
                     self._wake.wait(self.ctx.settings.poll_interval_s)
                     self._wake.clear()
                     continue
-                with self._lock:
-                    self.busy += 1
-                try:
-                    status = execute(self.ctx, job.id, worker, stop=self._stop.is_set)
-                finally:
-                    with self._lock:
-                        self.busy -= 1
-                with self._lock:
-                    self.completed[status] = self.completed.get(status, 0) + 1
-                log.info("job %d: %s", job.id, status)
+                self._run(job, worker)
             except Exception:  # a store hiccup must not kill the worker; it retries
                 log.exception("worker loop error; retrying")
                 self._stop.wait(1.0)
+
+    def _run(self, job: Job, worker: str) -> None:
+        log.info("job %d: claimed by %s (run %d, attempt %d)", job.id, worker, job.run_id, job.attempts)
+        started = time.monotonic()
+        with self._lock:
+            self.busy += 1
+        try:
+            status = execute(self.ctx, job.id, worker, stop=self._stop.is_set)
+        finally:
+            with self._lock:
+                self.busy -= 1
+        with self._lock:
+            self.completed[status] = self.completed.get(status, 0) + 1
+        log.info("job %d: %s by %s in %.1f s", job.id, status, worker, time.monotonic() - started)
+
+
+def main(ctx: Context, concurrency: int) -> int:
+    """``traceguard worker``: run a pool of ``concurrency`` threads until SIGTERM or SIGINT, then
+    hand running jobs back to the queue and return 0; 1 when a worker thread died."""
+    pool = WorkerPool(ctx, concurrency)
+    stopped = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("%s: stopping; running jobs go back to the queue", signal.Signals(signum).name)
+        stopped.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        pool.start()
+        log.info(
+            "worker %s:%d: %d thread(s), lease %.0f s, store %s",
+            socket.gethostname(),
+            os.getpid(),
+            pool.size,
+            ctx.settings.job_lease_s,
+            ctx.engine.url.render_as_string(hide_password=True),
+        )
+        while not stopped.wait(1.0):
+            if not pool.alive:  # never expected (the loop catches everything); let the supervisor restart us
+                log.error("a worker thread died; exiting")
+                pool.stop()
+                return 1
+        pool.stop()
+        log.info("stopped: %s", ", ".join(f"{n} {k}" for k, n in pool.completed.items() if n))
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

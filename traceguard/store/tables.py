@@ -162,7 +162,12 @@ class File(Base):
 
 class Job(Base):
     """An analysis job. ``status``: queued → running → succeeded | failed. A running job holds a
-    lease it renews; one whose lease ran out (its worker died) goes back to the queue."""
+    lease it renews; one whose lease ran out (its worker died) goes back to the queue. ``worker``
+    names the process that holds (or last held) it: ``host:pid:thread``.
+
+    Progress of the current attempt: ``ranks_total`` captures (inputs) in the analysis,
+    ``ranks_done`` of them whose per-rank map has finished; both null until the attempt's analysis
+    reports them, and reset when the job is claimed again."""
 
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -178,6 +183,8 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(Timestamp(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp(), nullable=True)
+    ranks_done: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ranks_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Report(Base):

@@ -1,0 +1,138 @@
+"""Real ``traceguard serve --no-workers`` and ``traceguard worker`` processes on loopback, for the
+worker tests and the worker benchmark (bench/service_workers.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.service.live import REPO, LiveServer
+
+
+def store_env(data_dir: Path, database_url: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that points a traceguard process at one store (as compose does)."""
+    env = {**os.environ, **(extra or {}), "TRACEGUARD_DATA_DIR": str(data_dir)}
+    env.pop("TRACEGUARD_DATABASE_URL", None)
+    if database_url:
+        env["TRACEGUARD_DATABASE_URL"] = database_url
+    return env
+
+
+@dataclass
+class ApiOnly(LiveServer):
+    """``traceguard serve --no-workers``: uploads queue jobs, nothing in this process runs them."""
+
+    def start(self, timeout: float = 60) -> ApiOnly:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.data_dir.parent / f"serve-{self.port}-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "traceguard.cli", "serve", "--no-workers", "--port", str(self.port)],
+                cwd=REPO,
+                env=store_env(self.data_dir, self.database_url, self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"traceguard serve exited: {self.output()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"traceguard serve did not become ready: {self.output()[-3000:]}")
+        found = re.search(r"\b(tg_[A-Za-z0-9_-]{40,})\b", self.output())
+        if found:
+            self.admin_token = found.group(1)
+        return self
+
+
+@dataclass
+class LiveWorker:
+    """A ``traceguard worker`` process; its log says what it claimed and finished."""
+
+    data_dir: Path
+    database_url: str | None = None
+    concurrency: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def start(self, timeout: float = 60) -> LiveWorker:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.data_dir.parent / f"worker-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "traceguard.cli", "worker", "--concurrency", str(self.concurrency)],
+                cwd=REPO,
+                env=store_env(self.data_dir, self.database_url, self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while "thread(s), lease" not in self.output():  # started: store opened, threads claiming
+            if self.process.poll() is not None:
+                raise RuntimeError(f"traceguard worker exited: {self.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"traceguard worker did not start: {self.output()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log and self.log.exists() else ""
+
+    def claimed(self) -> list[tuple[int, int]]:
+        """(job id, attempt) of every claim in the log."""
+        return [
+            (int(j), int(a))
+            for j, a in re.findall(r"job (\d+): claimed by \S+ \(run \d+, attempt (\d+)\)", self.output())
+        ]
+
+    def finished(self) -> dict[int, str]:
+        """Job id → how its execution here ended (succeeded, failed, queued, lost)."""
+        return {int(j): s for j, s in re.findall(r"job (\d+): (\w+) by \S+ in ", self.output())}
+
+    def children(self) -> list[int]:
+        """Pids of the analysis processes this worker started and that still run."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM, as a deploy or ``docker stop`` sends it; the exit status."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode if self.process else None
