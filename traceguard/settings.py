@@ -52,9 +52,10 @@ class Settings(BaseSettings):
     poll_interval_s: float = 0.5
     max_rows: int = 200_000_000
     #: Where a job's per-rank map runs (``analyze(scheduler=...)``): "local" (a process pool in the
-    #: job's analysis process), "serial" (one input at a time, one core per job: the choice when
+    #: job's analysis process; runs under 64 MB of inputs map in that process unless
+    #: ``analysis_jobs`` is set), "serial" (one input at a time: one core per job, the choice when
     #: several jobs share a machine), or "tcp://host:port" (a dask.distributed scheduler). None:
-    #: the analysis's own default.
+    #: the analysis's own default (``local``).
     dask_scheduler: str | None = None
     #: Processes of the "local" scheduler per job (None: all cores).
     analysis_jobs: int | None = None

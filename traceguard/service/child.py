@@ -93,16 +93,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             InputSpec(Path(path), rank, "argument" if rank is not None else None) for path, rank in spec["inputs"]
         ]
         patterns = spec.get("step_patterns") or []
-        mapping: dict[str, Any] = {
-            "scheduler": spec.get("scheduler"),
-            "jobs": spec.get("jobs"),
-            "on_ranks": _progress_writer(spec.get("progress")),
-        }
-        import inspect  # TEMPORARY: until analyze(scheduler=, jobs=, on_ranks=) lands (issue 13)
-
-        if "on_ranks" not in inspect.signature(analyze).parameters:
-            mapping = {}
-        analysis = analyze(inputs, profile=spec["profile"], side_files=side, step_patterns=patterns, **mapping)
+        analysis = analyze(
+            inputs,
+            profile=spec["profile"],
+            side_files=side,
+            step_patterns=patterns,
+            scheduler=spec.get("scheduler"),
+            jobs=spec.get("jobs"),
+            on_ranks=_progress_writer(spec.get("progress")),
+        )
         return {"report": analysis.report}
     except TraceguardError as exc:
         return exc.to_dict()
