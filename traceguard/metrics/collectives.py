@@ -129,11 +129,19 @@ def _covered_sorted(
 _KERNEL_CODE = OP_KINDS.index("kernel")
 
 
-def compute_cover(ops: pl.DataFrame, mask: pl.Series | None) -> ComputeCover:
+def compute_cover(
+    ops: pl.DataFrame, mask: pl.Series | None, union: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+) -> ComputeCover:
     """:class:`ComputeCover` of the compute kernels of ``ops`` (``kind``, ``is_nccl``, ``device``,
     ``start``, ``end``) that ``mask`` keeps. The columns are read in place, never filtered: the
     rows from the first to the last kernel, in start order per device as a capture's kernel
-    table is, need one pass for the ends and one running max; any other layout is sorted."""
+    table is, need one pass for the ends and one running max; any other layout is sorted.
+
+    ``union``: those kernels' union per device (:func:`traceguard.metrics.timeline.compute_union`)
+    when the caller has it. Its disjoint segments cover exactly what the kernels cover (and the
+    running max of their ends is their ends), so they serve as the kernels, with no per-kernel array."""
+    if union is not None:
+        return ComputeCover({dev: (s, e, e) for dev, (s, e) in union.items() if s.size})
     is_kernel = ops["kind"].to_physical().to_numpy() == _KERNEL_CODE
     if not is_kernel.any():
         return ComputeCover({})
@@ -363,8 +371,10 @@ def peer_matrix(
         )
         # Back from the index among all NCCL kernels to the index among the P2P ones.
         index = (
-            _labelled(nccl_ops).with_row_index("_any").filter(pl.col("collective").is_in(list(P2P_TYPES)))
-        ).with_row_index("_kernel").select("_any", "_kernel")
+            (_labelled(nccl_ops).with_row_index("_any").filter(pl.col("collective").is_in(list(P2P_TYPES))))
+            .with_row_index("_kernel")
+            .select("_any", "_kernel")
+        )
         matched = matched.join(index, on="_any", how="inner")
         matched = matched.join(rest.select("_kernel"), on="_kernel", how="semi")
         if matched.height:
@@ -501,11 +511,13 @@ def breakdown(
     *,
     nccl_domain: str,
     group_size: int | None,
+    compute: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(collectives by type, peer row) of one rank: :func:`by_type` and :func:`peer_matrix` from
     the attributed ops (``is_nccl``, ``step_id``), the window ``mask``, the window's NCCL kernels
-    (with ``collective``), the rank's steps (``range_id``, ``index``) and its ranges."""
-    cover = compute_cover(ops, mask) if nccl_ops.height else None
+    (with ``collective``), the rank's steps (``range_id``, ``index``) and its ranges; ``compute``:
+    the window's compute union per device when the caller has it (:func:`compute_cover`)."""
+    cover = compute_cover(ops, mask, compute) if nccl_ops.height else None
     step_index = None
     if steps.height:
         index = steps["index"] if "index" in steps.columns else pl.int_range(steps.height, eager=True)

@@ -28,7 +28,7 @@ from traceguard.metrics.steps import (
     step_spans,
     window_mask,
 )
-from traceguard.metrics.timeline import rank_timeline
+from traceguard.metrics.timeline import compute_union, rank_timeline
 from traceguard.metrics.workloads import rank_workload
 from traceguard.model import Capture, add_columns
 
@@ -90,6 +90,11 @@ def analyse_rank(
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
     window = ops.lazy().filter(mask)
+    # The union of the window's compute kernels per device: read by the timeline and the
+    # per-collective breakdown alike, built once, in slices, beside the work below.
+    union_pool = ThreadPoolExecutor(max_workers=1)
+    compute = union_pool.submit(compute_union, ops, mask)
+    union_pool.shutdown(wait=False)
     # The step table is the largest single piece and reads only ``ops``: it runs on a second
     # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -116,7 +121,10 @@ def analyse_rank(
     # The timeline's lanes read only these frames: drawn on a second thread beside the metrics below
     # (NumPy and Polars release the GIL in their heavy calls), ~1.5 s of a 10 M-kernel rank.
     timeline_pool = ThreadPoolExecutor(max_workers=1)
-    timeline = timeline_pool.submit(rank_timeline, rank, ops, mask, nccl_ops, step_rows, phases)
+    compute_segments = compute.result()
+    timeline = timeline_pool.submit(
+        rank_timeline, rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
+    )
     timeline_pool.shutdown(wait=False)
 
     if not info.has_gpu_trace:
@@ -132,7 +140,9 @@ def analyse_rank(
         capture.ranges,
         nccl_domain=NCCL_DOMAIN,
         group_size=info.world_size or ranks_analysed,
+        compute=compute_segments,
     )
+    del compute_segments
     if graph_summary["graph_executions"]:
         by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
         peers = {"rows": [], "null_reason": graphs.hidden_reason(graph_summary)}

@@ -88,22 +88,30 @@ def reduce_segments(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str] | None]:
     """At most ``limit`` segments: close the shortest gaps. Returns (start, end, busy, labels);
     a merged run of labelled segments is labelled ``first … last (n)``."""
-    busy = end - start
     n = start.size
     if n <= limit:
-        return start, end, busy, list(labels) if labels is not None else None
+        return start, end, end - start, list(labels) if labels is not None else None
     gaps = start[1:] - end[:-1]
     closed = np.zeros(n - 1, dtype=bool)
     closed[np.argpartition(gaps, n - limit - 1)[: n - limit]] = True
     heads = np.flatnonzero(np.concatenate([[True], ~closed]))
     tails = np.append(heads[1:] - 1, n - 1)
+    # A merged run's busy time is its extent less the gaps closed inside it (the sum of its
+    # segments' lengths, without an array of every segment's length).
+    gaps[~closed] = 0
+    del closed
+    inner = np.zeros(heads.size, dtype=np.int64)
+    within = heads < n - 1  # a run starting at the last segment has no gap inside
+    if within.any():
+        inner[within] = np.add.reduceat(gaps, heads[within])
+    busy = end[tails] - start[heads] - inner
     merged_labels = None
     if labels is not None:
         merged_labels = [
             labels[h] if h == t else f"{labels[h]} … {labels[t]} ({t - h + 1})"
             for h, t in zip(heads.tolist(), tails.tolist(), strict=True)
         ]
-    return start[heads], end[tails], np.add.reduceat(busy, heads), merged_labels
+    return start[heads], end[tails], busy, merged_labels
 
 
 def _lane(
@@ -130,6 +138,101 @@ def _lane(
     }
 
 
+class SegmentStream:
+    """:func:`union_intervals` of rows fed a chunk at a time, in start order across chunks: the
+    same segments, with no array of all the rows (only the segments are kept)."""
+
+    def __init__(self) -> None:
+        self.reach: int | None = None  # the running end of the open segment (None: none yet)
+        self.last_start: int | None = None
+        self.starts: list[np.ndarray] = []
+        self.ends: list[np.ndarray] = []
+
+    def feed(self, start: np.ndarray, end: np.ndarray) -> bool:
+        """Add rows (starts ascending, none before the last fed); False, adding nothing, when
+        they are out of order."""
+        if start.size == 0:
+            return True
+        start = start.astype(np.int64, copy=False)
+        if (self.last_start is not None and int(start[0]) < self.last_start) or not bool(
+            np.all(start[1:] >= start[:-1])
+        ):
+            return False
+        self.last_start = int(start[-1])
+        reach = np.maximum.accumulate(np.maximum(end.astype(np.int64, copy=False), start))
+        opens = np.empty(start.size, dtype=bool)
+        opens[0] = self.reach is None or int(start[0]) > self.reach
+        if self.reach is not None:
+            np.maximum(reach, self.reach, out=reach)
+        np.greater(start[1:], reach[:-1], out=opens[1:])
+        heads = np.flatnonzero(opens)
+        if heads.size:
+            # Each head closes the segment before it: at the previous row's reach, or (a head on
+            # the first row) at the reach carried from the chunks before.
+            closing = heads if self.reach is not None else heads[1:]
+            ends = reach[np.maximum(closing - 1, 0)]
+            if closing.size and closing[0] == 0:
+                ends[0] = self.reach
+            self.starts.append(start[heads])
+            self.ends.append(ends)
+        self.reach = int(reach[-1])
+        return True
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.reach is None:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        starts = np.concatenate(self.starts)
+        ends = np.concatenate([*self.ends, np.array([self.reach], dtype=np.int64)])
+        self.starts, self.ends = [], []
+        return starts, ends
+
+
+def compute_union(ops: pl.DataFrame, mask: pl.Series | None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device (null → -1): :func:`union_intervals` of the compute (non-NCCL) kernels of
+    ``ops`` (``kind``, ``is_nccl``, ``device``, ``start``, ``end``) that ``mask`` keeps, with
+    ``start`` and ``end`` not null.
+
+    Read in row slices, each device's kernels streamed in start order (a capture's kernel table
+    is), so that no copy of the 10 M-row columns is made: only the segments are kept. A device
+    whose kernels are out of order is gathered and sorted instead."""
+    keep = (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
+    keep = keep & pl.col("start").is_not_null() & pl.col("end").is_not_null()
+    columns = [pl.col("device").fill_null(-1).cast(pl.Int64), pl.col("start"), pl.col("end")]
+    streams: dict[int, SegmentStream] = {}
+    unsorted: set[int] = set()
+    for lo in range(0, ops.height, _SLICE_ROWS):
+        # A slice of the frame is a view: only the slice's kept rows are copied.
+        part = ops.slice(lo, _SLICE_ROWS)
+        kept_rows = keep if mask is None else keep & mask.slice(lo, _SLICE_ROWS).fill_null(False)
+        kept = part.lazy().filter(kept_rows).select(columns).collect()
+        if kept.height == 0:
+            continue
+        device = kept["device"].to_numpy()
+        start = kept["start"].to_numpy()
+        end = kept["end"].to_numpy()
+        one = int(device.min()) == int(device.max())
+        for dev in [int(device[0])] if one else np.unique(device).tolist():
+            if dev in unsorted:
+                continue
+            rows = None if one else np.flatnonzero(device == dev)
+            stream = streams.setdefault(dev, SegmentStream())
+            s, e = (start, end) if rows is None else (start[rows], end[rows])
+            if not stream.feed(s, e):
+                unsorted.add(dev)
+    out = {dev: stream.result() for dev, stream in streams.items() if dev not in unsorted}
+    for dev in sorted(unsorted):
+        rows = keep & (pl.col("device").fill_null(-1) == dev)
+        part = (
+            ops.lazy().filter(rows if mask is None else rows & mask.fill_null(False)).select("start", "end").collect()
+        )
+        out[dev] = union_intervals(part["start"].to_numpy(), part["end"].to_numpy())
+    return dict(sorted(out.items()))
+
+
+#: Rows per slice when a whole column is streamed (:func:`compute_union`).
+_SLICE_ROWS = 1 << 20
+
+
 def _column(frame: pl.DataFrame, name: str) -> np.ndarray:
     return frame.get_column(name).to_numpy().astype(np.int64, copy=False)
 
@@ -143,32 +246,26 @@ def rank_timeline(
     phases: pl.DataFrame,
     *,
     max_segments: int = MAX_SEGMENTS,
+    compute: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """The rank's lanes (module docstring). ``ops``: the attributed GPU ops (``kind``, ``device``,
     ``start``, ``end``, ``is_nccl``, ``phase_id``); ``mask``: the analysis window over them;
     ``nccl_ops``: the window's NCCL kernels with ``collective``; ``step_rows``: the step breakdown
-    (``name``, ``gpu_start_ns``, ``gpu_span_ns``); ``phases``: ``phase_id`` and ``name``."""
-    # Whole columns as arrays (no filtered copy of a 10 M-row frame); the window and the lanes
-    # are boolean selections over them.
-    keep = mask.fill_null(False).to_numpy()
-    for name in ("start", "end"):
-        if ops[name].null_count():
-            keep &= ops[name].is_not_null().to_numpy()
-    if not keep.any():
+    (``name``, ``gpu_start_ns``, ``gpu_span_ns``); ``phases``: ``phase_id`` and ``name``;
+    ``compute``: :func:`compute_union` of ``ops`` and ``mask`` when the caller has it already."""
+    # Only the window's few non-kernel rows and the compute kernels' union are ever copied out of
+    # the 10 M-row columns (no whole-column arrays).
+    keep = mask.fill_null(False) & ops["start"].is_not_null() & ops["end"].is_not_null()
+    bounds = ops.lazy().filter(keep).select(pl.col("start").min(), pl.col("end").max(), pl.len()).collect().row(0)
+    if not bounds[2]:
         return {"rank": rank, "origin_ns": None, "span_ns": 0, "lanes": []}
-    kind = ops["kind"].to_physical().to_numpy()
-    start = ops["start"].fill_null(0).to_numpy().astype(np.int64, copy=False)
-    end = ops["end"].fill_null(0).to_numpy().astype(np.int64, copy=False)
-    origin = int(np.min(start, where=keep, initial=np.iinfo(np.int64).max))
-    span = int(np.max(end, where=keep, initial=origin)) - origin
-    device_col = ops["device"].fill_null(-1)
-    one_device = device_col.min() == device_col.max()
-    device = None if one_device else device_col.to_numpy()
-
-    compute = keep & (kind == _KERNEL) & ~ops["is_nccl"].fill_null(False).to_numpy()
-    copies = keep & np.isin(kind, _COPY_CODES)
-    graphs = keep & (kind == _GRAPH)
-    del keep, kind
+    origin = int(bounds[0])
+    span = max(int(bounds[1]), origin) - origin
+    kind = pl.col("kind").to_physical()
+    window = ops.lazy().filter(keep)
+    copies = window.filter(kind.is_in(_COPY_CODES)).select("start", "end").collect()
+    graphs = window.filter(kind == _GRAPH).select("start", "end").collect()
+    del keep, window
     lanes: list[dict[str, Any]] = []
 
     spans = [s for s in step_rows if s.get("gpu_start_ns") is not None and s.get("gpu_span_ns") is not None]
@@ -203,21 +300,17 @@ def rank_timeline(
             )
 
     empty = np.empty(0, dtype=np.int64)
-    if device is None:
-        compute_by_device = {int(device_col[0]): union_intervals(start[compute], end[compute])} if compute.any() else {}
-    else:
-        compute_by_device = {
-            int(dev): union_intervals(start[compute & (device == dev)], end[compute & (device == dev)])
-            for dev in np.unique(device[compute]).tolist()
-        }
+    compute_by_device = compute_union(ops, mask) if compute is None else compute
     if compute_by_device:
         parts = list(compute_by_device.values())
-        s, e = parts[0] if len(parts) == 1 else union_intervals(
-            np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        s, e = (
+            parts[0]
+            if len(parts) == 1
+            else union_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
         )
         lanes.append(_lane("compute", "compute", s, e, origin, max_segments))
-    if graphs.any():
-        s, e = union_intervals(start[graphs], end[graphs])
+    if graphs.height:
+        s, e = union_intervals(_column(graphs, "start"), _column(graphs, "end"))
         lanes.append(_lane("cuda graphs", "graph", s, e, origin, max_segments))
 
     nccl_timed = nccl_ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
@@ -245,7 +338,7 @@ def rank_timeline(
         s, e = union_intervals(np.concatenate(exposed_s), np.concatenate(exposed_e))
         lanes.append(_lane("exposed", "exposed", s, e, origin, max_segments))
 
-    if copies.any():
-        s, e = union_intervals(start[copies], end[copies])
+    if copies.height:
+        s, e = union_intervals(_column(copies, "start"), _column(copies, "end"))
         lanes.append(_lane("memcpy", "memcpy", s, e, origin, max_segments))
     return {"rank": rank, "origin_ns": origin, "span_ns": span, "lanes": lanes}
