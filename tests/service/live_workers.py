@@ -26,6 +26,14 @@ def store_env(data_dir: Path, database_url: str | None, extra: dict[str, str] | 
     return env
 
 
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (exited, not yet reaped by its new parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @dataclass
 class ApiOnly(LiveServer):
     """``traceguard serve --no-workers``: uploads queue jobs, nothing in this process runs them."""

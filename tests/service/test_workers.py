@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, text, update
 
 from tests.service.conftest import P2P, P2P_FILES, postgres_database
-from tests.service.live_workers import ApiOnly, LiveWorker
+from tests.service.live_workers import ApiOnly, LiveWorker, running
 from traceguard.service.context import Context
 from traceguard.settings import Settings
 from traceguard.store import jobs
@@ -115,12 +115,12 @@ def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
         client, queued = _queue(server, 3)
         deadline = time.monotonic() + 60
         while True:  # the first job a worker is analysing
-            running = _rows(url, "SELECT id, worker FROM jobs WHERE status = 'running' ORDER BY id")
-            if running:
+            held = _rows(url, "SELECT id, worker FROM jobs WHERE status = 'running' ORDER BY id")
+            if held:
                 break
             assert time.monotonic() < deadline, "no job started"
             time.sleep(0.02)
-        job_id, holder = running[0]
+        job_id, holder = held[0]
         victim = next(w for w in workers if f":{w.pid}:" in holder)
         survivor = next(w for w in workers if w is not victim)
         deadline = time.monotonic() + 10
@@ -129,7 +129,7 @@ def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
             time.sleep(0.01)
         victim.kill()
         done = _wait_all(client, list(queued.values()))
-        orphans_left = [pid for pid in orphans if Path(f"/proc/{pid}").exists()]
+        orphans_left = [pid for pid in orphans if running(pid)]
         assert survivor.stop() == 0
     finally:
         for worker in workers:
