@@ -85,7 +85,10 @@ def analyse_rank(
     phases = find_phases(capture.ranges, steps) if not resolved.gpu_timed else find_phases(capture.ranges, steps[:0])
     ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases, gpu_timed=resolved.gpu_timed)
     ops = nccl.mark_nccl(ops, capture.strings, collective=False)  # collective: on NCCL rows below
-    ops = _with_nccl_payload(ops, capture.ranges, group_size=info.world_size or ranks_analysed)
+    # The NCCL kernels (a few thousand of 10 M ops) as a frame of their own, payload filled: every
+    # reader of ``msg_bytes`` reads only them, and filling it in ``ops`` would write a 10 M-row column.
+    nccl_rows = ops.select(pl.arg_where(pl.col("is_nccl"))).to_series()
+    nccl_kernels = _with_nccl_payload(ops[nccl_rows], capture.ranges, group_size=info.world_size or ranks_analysed)
     spans = step_spans(ops)
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
@@ -99,7 +102,8 @@ def analyse_rank(
     # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
     with ThreadPoolExecutor(max_workers=1) as pool:
         step_table = pool.submit(_step_rows, steps, phases, ops, spans, gpu_timed=resolved.gpu_timed)
-        m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps)
+        nccl_in_window = nccl_kernels.filter(mask.gather(nccl_rows))
+        m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps, nccl_kernels, nccl_in_window)
         step_rows, span_total, nccl_in_steps = step_table.result()
     m["gpu_span_ns"] = span_total
     m["nccl_step_ns"] = nccl_in_steps
@@ -186,10 +190,17 @@ def _step_detail(resolved: ResolvedSteps) -> str | None:
 
 
 def _window_metrics(
-    capture: Capture, ops: pl.DataFrame, mask: pl.Series, window: pl.LazyFrame, steps: pl.DataFrame
+    capture: Capture,
+    ops: pl.DataFrame,
+    mask: pl.Series,
+    window: pl.LazyFrame,
+    steps: pl.DataFrame,
+    nccl_kernels: pl.DataFrame,
+    nccl_in_window: pl.DataFrame,
 ) -> tuple[dict[str, Any], dict[str, str], pl.DataFrame]:
     """The copy, payload and NCCL-kernel metrics, their null reasons, and the NCCL kernels of
-    the window (with their collective)."""
+    the window (with their collective). ``nccl_kernels``: the NCCL kernels of ``ops``, in its
+    order, ``msg_bytes`` filled (:func:`_with_nccl_payload`); ``nccl_in_window``: those ``mask`` keeps."""
     null: dict[str, str] = {}
     m: dict[str, Any] = copies.copy_counts(window)
     gpu_ops = m["gpu_ops"]
@@ -210,7 +221,7 @@ def _window_metrics(
 
     # All-reduce payload per step (the gradient bytes DDP moves): Kineto kernel args, or NCCL's
     # NVTX payload in nsys exports made with --include-blobs=true.
-    nccl_in_step = ops.filter(pl.col("step_id").is_not_null() & pl.col("is_nccl"))
+    nccl_in_step = nccl_kernels.filter(pl.col("step_id").is_not_null())
     nccl_in_step = nccl.with_collective(nccl_in_step, capture.strings)
     allreduce = nccl_in_step.filter(pl.col("collective") == "AllReduce")
     known = allreduce.filter(pl.col("msg_bytes").is_not_null())
@@ -253,7 +264,7 @@ def _window_metrics(
     if not known_bytes:
         null["pageable_host_share"] = "no host↔device copies with a known host memory kind in the window"
 
-    nccl_ops = nccl.with_collective(window.filter(pl.col("is_nccl")).collect(), capture.strings)
+    nccl_ops = nccl.with_collective(nccl_in_window, capture.strings)
     m["nccl_kernels"] = nccl_ops.height
     m["nccl_time_ns"] = int(nccl.nccl_time(window, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
     m["nccl_exposed_ns"] = nccl.exposed_time(ops, mask) if nccl_ops.height else 0
