@@ -142,6 +142,8 @@ def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
     assert job_id not in victim.finished()  # it never recorded an outcome
     assert "requeued" in survivor.output()
     assert not orphans_left  # the killed worker's analysis ended itself (parent gone)
+    assert "removed 1 scratch folder(s)" in survivor.output()  # the killed attempt's, left behind
+    assert not list((data / "jobs").iterdir())
     claims = Counter(job for w in workers for job, _ in w.claimed())
     assert claims == Counter({j["id"]: j["attempts"] for j in done})
     reports = _rows(url, "SELECT run_id, count(*) FROM reports GROUP BY run_id")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -299,6 +300,28 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
             job.ranks_done = job.ranks_total  # every capture analysed, reported or not
         jobs.finish(session, job, verdict=doc["verdict"])
     return "succeeded"
+
+
+_ATTEMPT_DIR = re.compile(r"(\d+)-(\d+)-[0-9a-f]{12}")
+
+
+def sweep_scratch(ctx: Context) -> int:
+    """Remove the scratch folders of attempts that are over (their worker was killed before it
+    could clean up); those of running attempts, on any machine sharing the data directory, stay.
+    Returns how many were removed."""
+    removed = 0
+    for folder in ctx.jobs_dir.iterdir():
+        found = _ATTEMPT_DIR.fullmatch(folder.name)
+        if found is None:
+            continue
+        job_id, attempt = int(found.group(1)), int(found.group(2))
+        with ctx.factory() as session:
+            job = session.get(Job, job_id)
+            live = job is not None and job.status == "running" and job.attempts == attempt
+        if not live:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def report_for(ctx: Context, run: Run, profile: str) -> dict[str, Any]:

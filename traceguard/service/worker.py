@@ -19,7 +19,7 @@ import threading
 import time
 from types import FrameType
 
-from traceguard.service.analysis import execute
+from traceguard.service.analysis import execute, sweep_scratch
 from traceguard.service.context import Context
 from traceguard.store import jobs
 from traceguard.store.tables import Job
@@ -44,6 +44,7 @@ class WorkerPool:
             requeued, abandoned = jobs.requeue_expired(session, self.ctx.settings.job_max_attempts)
         if requeued or abandoned:
             log.warning("picked up %d interrupted job(s); %d abandoned after too many attempts", requeued, abandoned)
+        self._sweep()
         for index in range(self.size):
             thread = threading.Thread(target=self._loop, name=f"traceguard-worker-{index}", daemon=True)
             thread.start()
@@ -80,6 +81,7 @@ class WorkerPool:
                         requeued, abandoned = jobs.requeue_expired(session, self.ctx.settings.job_max_attempts)
                     if requeued or abandoned:
                         log.warning("%d job(s) with an expired lease requeued, %d abandoned", requeued, abandoned)
+                        self._sweep()
                 with self.ctx.factory() as session:
                     job = jobs.claim(session, worker, self.ctx.settings.job_lease_s)
                 if job is None:
@@ -90,6 +92,12 @@ class WorkerPool:
             except Exception:  # a store hiccup must not kill the worker; it retries
                 log.exception("worker loop error; retrying")
                 self._stop.wait(1.0)
+
+    def _sweep(self) -> None:
+        """Scratch folders left by killed workers go (they hold links and a partial result)."""
+        removed = sweep_scratch(self.ctx)
+        if removed:
+            log.info("removed %d scratch folder(s) of interrupted attempts", removed)
 
     def _run(self, job: Job, worker: str) -> None:
         log.info("job %d: claimed by %s (run %d, attempt %d)", job.id, worker, job.run_id, job.attempts)
