@@ -93,17 +93,16 @@ def analyse_rank(
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
     window = ops.lazy().filter(mask)
-    # The union of the window's compute kernels per device: read by the timeline and the
-    # per-collective breakdown alike, built once, in slices, beside the work below.
-    union_pool = ThreadPoolExecutor(max_workers=1)
-    compute = union_pool.submit(compute_union, ops, mask)
-    union_pool.shutdown(wait=False)
     # The step table is the largest single piece and reads only ``ops``: it runs on a second
     # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
+    # Two threads, not more: each holds its temporaries, and two cores keep two busy.
     with ThreadPoolExecutor(max_workers=1) as pool:
         step_table = pool.submit(_step_rows, steps, phases, ops, spans, gpu_timed=resolved.gpu_timed)
         nccl_in_window = nccl_kernels.filter(mask.gather(nccl_rows))
         m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps, nccl_kernels, nccl_in_window)
+        # The union of the window's compute kernels per device: read by the timeline and the
+        # per-collective breakdown alike, built once, in slices.
+        compute_segments = compute_union(ops, mask)
         step_rows, span_total, nccl_in_steps = step_table.result()
     m["gpu_span_ns"] = span_total
     m["nccl_step_ns"] = nccl_in_steps
@@ -125,7 +124,6 @@ def analyse_rank(
     # The timeline's lanes read only these frames: drawn on a second thread beside the metrics below
     # (NumPy and Polars release the GIL in their heavy calls), ~1.5 s of a 10 M-kernel rank.
     timeline_pool = ThreadPoolExecutor(max_workers=1)
-    compute_segments = compute.result()
     timeline = timeline_pool.submit(
         rank_timeline, rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
     )

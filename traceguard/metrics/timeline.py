@@ -181,9 +181,12 @@ class SegmentStream:
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         if self.reach is None:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        # One array joined at a time, its pieces dropped before the next (not both sets at once).
+        self.ends.append(np.array([self.reach], dtype=np.int64))
         starts = np.concatenate(self.starts)
-        ends = np.concatenate([*self.ends, np.array([self.reach], dtype=np.int64)])
-        self.starts, self.ends = [], []
+        self.starts = []
+        ends = np.concatenate(self.ends)
+        self.ends = []
         return starts, ends
 
 
