@@ -23,7 +23,9 @@ its rank) these cases are measured, each command in a fresh process:
     ``--scheduler tcp://…`` on a dask.distributed cluster of ``--dask-workers`` workers (one
     ``dask scheduler`` process and ``dask worker --nworkers 1 --nthreads 1`` processes, each a nanny
     and its worker process, started before and kept up across the repeats, as a cluster is in
-    use). Its first repeat includes the workers' first import of traceguard.
+    use). The workers are restarted before each dask case (a worker process keeps the memory of the
+    largest task it ran, which would be charged to the next case), so every dask case includes the
+    workers' import of traceguard, as every local pool's does.
 
 Wall is ``time.perf_counter`` around the command. Memory is sampled every ``--poll-ms`` (50 ms)
 from ``/proc`` through psutil over the whole process tree: the command and all its descendants,
@@ -220,6 +222,60 @@ def run_measured(cmd: list[str], log_stem: Path, *, extra_roots: list[int] = (),
     }
 
 
+# -- what travels, and the reduce ----------------------------------------------------------------
+
+#: Run in a fresh process on one run directory: (1) the map of its first rank file, in this
+#: process, and the size of what that task sends back (``MapOutcome``, pickled as a pool or Dask
+#: sends it); (2) the whole analysis with ``--scheduler serial`` and the time from the last map's end
+#: to the end of ``analyze`` (the reduce: run metrics, cross-rank checks, the report's data).
+TRAVEL_CODE = """
+import json, pickle, sys, time
+from pathlib import Path
+from traceguard.ingest import InputSpec
+from traceguard.mapreduce import MapOptions, MapTask, map_input, plan
+from traceguard.pipeline import analyze
+
+run = Path(sys.argv[1])
+manifest = json.loads((run / "manifest.json").read_text())
+first = manifest["captures"][0]
+spec = InputSpec(run / first["path"], int(first["rank"]), "argument")
+assignments, _ = plan([spec])
+t0 = time.perf_counter()
+outcome = map_input(MapTask(0, spec, assignments[0], int(manifest["ranks"]), MapOptions()))
+map_s = time.perf_counter() - t0
+blob = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+del outcome
+marks = []
+t0 = time.perf_counter()
+analysis = analyze([str(run)], scheduler="serial", on_ranks=lambda done, total: marks.append(time.perf_counter()))
+end = time.perf_counter()
+print(json.dumps({
+    "first_rank_map_s": round(map_s, 3),
+    "outcome_pickled_bytes": len(blob),
+    "analyze_s": round(end - t0, 3),
+    "last_map_at_s": round(marks[-1] - t0, 3),
+    "reduce_s": round(end - marks[-1], 3),
+}))
+"""
+
+
+def measure_travel(run: Path, work: Path) -> dict:
+    """:data:`TRAVEL_CODE` on ``run`` in a fresh process (not timed against the other cases)."""
+    work.mkdir(parents=True, exist_ok=True)
+    warm([p for p, _ in _rank_files(run)])
+    res = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", TRAVEL_CODE, str(run)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_clean_env(),
+    )
+    (work / "travel.err").write_text(res.stderr)
+    if res.returncode != 0:
+        return {"error": res.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 # -- the dask cluster ---------------------------------------------------------------------------
 
 
@@ -282,6 +338,15 @@ class DaskCluster:
         sampler.sample()
         self.idle_tree_mb = round(sampler.tree_peak / 1e6, 1)
         return self
+
+    def restart(self) -> None:
+        """Fresh worker processes (through their nannies), as every local pool is fresh: a worker's
+        allocator keeps the memory of the largest task it ran, which would be charged to the next
+        case. The next case's first tasks then include the workers' import of traceguard."""
+        from distributed import Client
+
+        with Client(self.address, timeout=60) as client:
+            client.restart(wait_for_workers=True)
 
     @property
     def pids(self) -> list[int]:
@@ -510,7 +575,9 @@ def write_markdown(doc: dict, path: Path) -> None:
             if doc.get("dask")
             else ""
         )
-        + "; the Dask `tree` figures include the scheduler's and the idle nannies' memory.",
+        + "; the workers are restarted before each Dask case (fresh processes, as a local pool's are), so its "
+        "wall includes their import of traceguard; the Dask `tree` figures include the scheduler's and the "
+        "nannies' memory.",
         "",
     ]
     if not f["scheduler_option"]:
@@ -566,12 +633,35 @@ def write_markdown(doc: dict, path: Path) -> None:
                 f"(median {statistics.median(walls):.2f}), per-rank peak RSS "
                 f"{min(one['per_rank_peak_mb']):.0f}–{max(one['per_rank_peak_mb']):.0f} MB"
             )
+        tr = run.get("travel") or {}
+        if "outcome_pickled_bytes" in tr:
+            lines.append(
+                f"- What travels: one rank's map result (`MapOutcome`, pickled) is "
+                f"{tr['outcome_pickled_bytes'] / 1e6:.2f} MB ({tr['first_rank_map_s']:.2f} s to map that rank "
+                f"in-process); the reduce after the last map took {tr['reduce_s']:.2f} s of a "
+                f'{tr["analyze_s"]:.1f} s serial analysis (in-process `analyze(..., scheduler="serial")`)'
+            )
         for name in ("local", "dask"):
             case = run["cases"].get(name)
             if case:
                 procs = case["reps"][-1]["processes"]
                 shown = "; ".join(f"{p['peak_mb']:.0f} MB `{p['name'][-40:]}`" for p in procs[:4])
                 lines.append(f"- {name}: largest processes (last repeat): {shown}")
+        lines.append("")
+    if doc.get("size_points"):
+        lines += [
+            "## Single-rank size points (one by one only)",
+            "",
+            "| run | kernels per rank | wall s (min / median) | peak RSS MB | load 1 min before |",
+            "|---|---|---|---|---|",
+        ]
+        for pt in doc["size_points"]:
+            s, m = pt["summary"], pt["manifest"]
+            lines.append(
+                f"| `{pt['dir']}` ({m['ranks']} rank{'s' if m['ranks'] > 1 else ''}) | {m['kernels_per_rank']:,} | "
+                f"{s['wall_s_min']:.2f} / {s['wall_s_median']:.2f} | {s['process_peak_mb']:.0f} | "
+                f"{', '.join(f'{x:.2f}' for x in s['loadavg_1m_before'])} |"
+            )
         lines.append("")
     fx = doc.get("fixed")
     if fx:
@@ -613,9 +703,34 @@ def _identity(reports: list[tuple[str, Path]]) -> dict:
     }
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _manifest_summary(run: Path) -> dict:
+    manifest = json.loads((run / "manifest.json").read_text())
+    kernels = [c["kernels"] for c in manifest["captures"]]
+    return {
+        "ranks": manifest["ranks"],
+        "nodes": manifest.get("nodes"),
+        "kernels_per_rank": max(kernels),
+        "kernels_total": sum(kernels),
+        "bytes_total": manifest["bytes_total"],
+        "sources": sorted({(c["source"], c["source_sha256"]) for c in manifest["captures"]}),
+        "skew_us": manifest.get("skew_us"),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, action="append", help="run directory from make_run.py (repeatable)")
+    parser.add_argument(
+        "--size-point",
+        type=Path,
+        action="append",
+        default=[],
+        help="run directory measured one by one only (a per-rank size point for docs/scale-out.md; repeatable)",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--cases", nargs="+", default=list(CASE_TITLES), choices=list(CASE_TITLES))
     parser.add_argument("--jobs", type=int, default=None, help="--jobs for the local pool (default: its own)")
@@ -650,9 +765,19 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[Path, dict[str, list[dict]]] = {run: {c: [] for c in cases} for run in runs}
     reports: dict[Path, list[tuple[str, Path]]] = {run: [] for run in runs}
     fixed_reps: list[dict] = []
+    points = [r.resolve() for r in args.size_point]
+    point_reps: dict[Path, list[dict]] = {r: [] for r in points}
     try:
         for rep in range(args.repeat):
             fixed_reps.append(case_fixed(fixed, WORK / "fixed", sched, interval))
+            for point in points:
+                res = case_one_by_one(point, WORK / point.name / "one_by_one" / f"rep{rep}", sched, interval)
+                point_reps[point].append(res)
+                print(
+                    f"rep {rep} {point.name} one_by_one: wall {res['wall_s']:.2f} s, "
+                    f"process {res['process_peak_mb']:.0f} MB",
+                    flush=True,
+                )
             for run in runs:
                 for case in cases:
                     work = WORK / run.name / case / f"rep{rep}"
@@ -665,7 +790,10 @@ def main(argv: list[str] | None = None) -> None:
                         res = case_together(run, work, "local", args.jobs, interval)
                     else:
                         assert cluster is not None
+                        cluster.restart()
                         res = case_together(run, work, cluster.address, None, interval, cluster.pids)
+                    if case != "one_by_one" and res["rc"] == 0:
+                        res["report_bytes"] = (work / "report.json").stat().st_size
                     results[run][case].append(res)
                     if case != "one_by_one" and res["rc"] == 0:
                         reports[run].append((f"{case}#{rep}", work / "report.json"))
@@ -677,6 +805,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if cluster:
             cluster.stop()
+    travel = {run: measure_travel(run, WORK / run.name / "travel") for run in runs} if sched else {}
 
     doc: dict = {
         "machine": facts,
@@ -695,23 +824,23 @@ def main(argv: list[str] | None = None) -> None:
             "reps": fixed_reps,
         },
         "runs": [],
+        "size_points": [
+            {
+                "dir": _shown(point),
+                "manifest": _manifest_summary(point),
+                "summary": summarise(reps) | {"per_rank_wall_s": reps[-1]["rank_wall_s"]},
+                "reps": reps,
+            }
+            for point, reps in point_reps.items()
+        ],
     }
     for run in runs:
-        manifest = json.loads((run / "manifest.json").read_text())
-        kernels = [c["kernels"] for c in manifest["captures"]]
         entry: dict = {
-            "dir": str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run),
-            "manifest": {
-                "ranks": manifest["ranks"],
-                "nodes": manifest.get("nodes"),
-                "kernels_per_rank": max(kernels),
-                "kernels_total": sum(kernels),
-                "bytes_total": manifest["bytes_total"],
-                "sources": sorted({(c["source"], c["source_sha256"]) for c in manifest["captures"]}),
-                "skew_us": manifest.get("skew_us"),
-            },
+            "dir": _shown(run),
+            "manifest": _manifest_summary(run),
             "cases": {},
             "identical": _identity(reports[run]),
+            "travel": travel.get(run),
         }
         for case, reps in results[run].items():
             summary = summarise(reps)
