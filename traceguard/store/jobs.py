@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from traceguard.store.runs import input_key, run_files
@@ -58,6 +58,17 @@ def get_job(session: Session, project_id: int, job_id: int) -> Job | None:
     return job if run is not None and run.project_id == project_id else None
 
 
+def clock(session: Session) -> datetime:
+    """The time leases are set and compared by. On PostgreSQL the database server's clock, so that
+    workers on several machines agree on when a lease ran out however their own clocks drift; on
+    SQLite (one machine) this machine's."""
+    if session.get_bind().dialect.name == "postgresql":
+        now = session.scalar(select(func.clock_timestamp()))
+        assert now is not None
+        return now
+    return utcnow()
+
+
 def claim(session: Session, worker: str, lease_s: float, *, job_id: int | None = None) -> Job | None:
     """Take the oldest queued job (or job ``job_id``, if it is queued), or None. Commits."""
     if session.get_bind().dialect.name == "postgresql":
@@ -70,7 +81,7 @@ def claim(session: Session, worker: str, lease_s: float, *, job_id: int | None =
         if candidate is None:
             session.rollback()
             return None
-        now = utcnow()
+        now = clock(session)
         claimed = session.execute(
             update(Job).where(Job.id == candidate, Job.status == "queued").values(**_claimed(worker, lease_s, now))
         ).rowcount
@@ -110,7 +121,9 @@ def _claim_skip_locked(session: Session, worker: str, lease_s: float, job_id: in
         session.rollback()
         return None
     session.execute(
-        update(Job).where(Job.id == candidate, Job.status == "queued").values(**_claimed(worker, lease_s, utcnow()))
+        update(Job)
+        .where(Job.id == candidate, Job.status == "queued")
+        .values(**_claimed(worker, lease_s, clock(session)))
     )
     job = session.get(Job, candidate)
     assert job is not None  # locked by us since the SELECT
@@ -134,7 +147,7 @@ def _held(job_id: int, worker: str) -> Any:
 def renew(session: Session, job_id: int, worker: str, lease_s: float) -> bool:
     """Extend the lease; False when the job is no longer ours (requeued after a stall)."""
     renewed = session.execute(
-        update(Job).where(*_held(job_id, worker)).values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        update(Job).where(*_held(job_id, worker)).values(lease_expires_at=clock(session) + timedelta(seconds=lease_s))
     ).rowcount
     session.commit()
     return renewed == 1
@@ -218,7 +231,7 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
     Every worker sweeps now and then, so several may find the same stale job at once: each change
     is a conditional UPDATE (still running, lease still expired), so only one of them makes it, and
     a job claimed again meanwhile is left alone."""
-    now = utcnow()
+    now = clock(session)
     stale = session.execute(
         select(Job.id, Job.attempts).where(Job.status == "running", Job.lease_expires_at < now)
     ).all()
@@ -254,7 +267,5 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
 
 
 def counts_by_status(session: Session) -> dict[str, int]:
-    from sqlalchemy import func
-
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
     return {status: count for status, count in rows}
