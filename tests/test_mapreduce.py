@@ -10,7 +10,11 @@ guesses, a file whose content states another rank than its name, a duplicate).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +170,81 @@ def test_scheduler_from_the_environment_is_checked(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(SCHEDULER_ENV, "spark://nowhere")
     result = CliRunner().invoke(app, ["analyze", str(H200X4)])
     assert result.exit_code == 2 and "unknown scheduler 'spark://nowhere'" in result.output
+
+
+def _kill_fifo_openers(stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILL each descendant of this process that waits to open a named pipe (the kernel's
+    ``wait_for_partner``), as the OOM killer would kill a worker."""
+    me = os.getpid()
+    while not stop.is_set():
+        parent: dict[int, int] = {}
+        waiting: list[int] = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                status = (entry / "status").read_text()
+                # Any thread of it: a Dask worker reads on a thread of its own.
+                wchans = {(task / "wchan").read_text() for task in (entry / "task").iterdir()}
+            except OSError:
+                continue
+            ppid = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "0")
+            parent[int(entry.name)] = int(ppid)
+            if "wait_for_partner" in wchans:
+                waiting.append(int(entry.name))
+        for pid in waiting:
+            ancestor = parent.get(pid, 0)
+            while ancestor not in (0, 1, me):
+                ancestor = parent.get(ancestor, 0)
+            if ancestor == me:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        stop.wait(0.1)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_loses_only_its_input(tmp_path: Path) -> None:
+    """A pipe no one writes to keeps its reader waiting; the reader is killed each time, as a worker
+    out of memory would be. That input becomes ``worker_lost`` after its retries; the other ranks
+    of the run are analysed as without it."""
+    stuck = tmp_path / "rank7.sqlite"
+    os.mkfifo(stuck)
+    inputs = [str(t) for t in TORCH]
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_fifo_openers, args=(stop, killed), daemon=True)
+    killer.start()
+    try:
+        report = pipeline.analyze([*inputs, str(stuck)], scheduler="local", jobs=2).report
+    finally:
+        stop.set()
+        killer.join()
+    lost = report["inputs"][-1]
+    assert lost["error_code"] == "worker_lost" and "rank7.sqlite" in lost["error"]
+    assert len(killed) == 3  # tried in the pool, again in a new pool, then alone
+    expected = _whole_in_memory(inputs)
+    assert report["ranks"] == expected["ranks"] and report["checks"] == expected["checks"]
+
+
+@pytest.mark.slow
+def test_a_dask_worker_that_dies_loses_only_its_input(tmp_path: Path) -> None:
+    """The same on a dask.distributed cluster: the scheduler gives up on the task after its
+    allowed failures (KilledWorker); the input is ``worker_lost`` and the others are analysed."""
+    distributed = pytest.importorskip("distributed")
+    stuck = tmp_path / "rank7.sqlite"
+    os.mkfifo(stuck)
+    inputs = [str(t) for t in TORCH]
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_fifo_openers, args=(stop, killed), daemon=True)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        killer.start()
+        try:
+            report = pipeline.analyze([*inputs, str(stuck)], scheduler=cluster.scheduler_address).report
+        finally:
+            stop.set()
+            killer.join()
+    lost = report["inputs"][-1]
+    assert lost["error_code"] == "worker_lost" and "KilledWorker" in lost["error"]
+    assert len(killed) >= 2
+    expected = _whole_in_memory(inputs)
+    assert report["ranks"] == expected["ranks"] and report["checks"] == expected["checks"]

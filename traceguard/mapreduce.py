@@ -206,6 +206,8 @@ def peek_rank(path: Path) -> int | None:
     """The rank a capture states, from a glance at it (no full read): the ``RANK`` an nsys export
     recorded for the profiled process, or Kineto's ``distributedInfo.rank`` near the top of the
     file. None when the glance does not tell; a plan only, checked against the full read."""
+    if not path.is_file():  # a pipe (`<(zcat trace.json.gz)`) is read once, by its map
+        return None
     try:
         with path.open("rb") as fh:
             head = fh.read(16)
@@ -365,8 +367,8 @@ def _lost(task: MapTask, exc: BaseException) -> MapOutcome:
     record = InputRecord(path=str(task.spec.path))
     record.error_code = "worker_lost"
     record.error = (
-        f"{task.spec.path}: the process analysing this input died twice ({type(exc).__name__}); "
-        "the usual cause is running out of memory"
+        f"{task.spec.path}: the process analysing this input died each time it was tried "
+        f"({type(exc).__name__}); the usual cause is running out of memory"
     )
     return MapOutcome(task.index, record)
 
