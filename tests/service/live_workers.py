@@ -129,6 +129,20 @@ class LiveWorker:
                 found.append(int(stat.parent.name))
         return found
 
+    def analysis_tree(self) -> list[int]:
+        """Pids of the analysis processes this worker started and of everything they started (each
+        analysis leads its own process group: its map's pool processes are in it)."""
+        leaders = set(self.children())
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in leaders:
+                found.append(int(stat.parent.name))
+        return found
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
         if self.process and self.process.poll() is None:

@@ -104,10 +104,13 @@ def test_two_workers_run_every_job_exactly_once(tmp_path: Path, pg_url: str) -> 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
-    """SIGKILL one worker mid-analysis: its analysis process ends with it, the job's lease (2 s)
-    runs out, the other worker requeues and finishes it; every job still finishes exactly once."""
+    """SIGKILL one worker mid-analysis: its analysis process and the map's pool processes end with
+    it, the job's lease (3 s) runs out, the other worker requeues and finishes it; every job still
+    finishes exactly once."""
     data = tmp_path / "data"
-    env = {**WORKER_ENV, "TRACEGUARD_JOB_LEASE_S": "2"}
+    # A pool of 2 processes per analysis (the "local" scheduler), so that there is a pool to end.
+    env = {**WORKER_ENV, "TRACEGUARD_DASK_SCHEDULER": "local", "TRACEGUARD_ANALYSIS_JOBS": "2"}
+    env["TRACEGUARD_JOB_LEASE_S"] = "3"
     server = ApiOnly(data, pg_url, env=env).start()
     workers = [LiveWorker(data, pg_url, env=env).start() for _ in range(2)]
     url = Settings(data_dir=data, database_url=pg_url).url
@@ -124,7 +127,7 @@ def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
         victim = next(w for w in workers if f":{w.pid}:" in holder)
         survivor = next(w for w in workers if w is not victim)
         deadline = time.monotonic() + 10
-        while not (orphans := victim.children()):  # the analysis child it started for that job
+        while len(orphans := victim.analysis_tree()) < 2:  # the analysis and its pool, once started
             assert time.monotonic() < deadline, victim.output()
             time.sleep(0.01)
         victim.kill()
@@ -141,7 +144,7 @@ def test_a_sigkilled_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
     assert (job_id, 2) in survivor.claimed() and survivor.finished()[job_id] == "succeeded"
     assert job_id not in victim.finished()  # it never recorded an outcome
     assert "requeued" in survivor.output()
-    assert not orphans_left  # the killed worker's analysis ended itself (parent gone)
+    assert not orphans_left  # the killed worker's analysis ended itself and its pool (parent gone)
     assert "removed 1 scratch folder(s)" in survivor.output()  # the killed attempt's, left behind
     assert not list((data / "jobs").iterdir())
     claims = Counter(job for w in workers for job, _ in w.claimed())

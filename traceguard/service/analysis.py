@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -209,7 +210,10 @@ def run_analysis(
                 raise AnalysisFailed("lease_lost", "the job was taken over after its lease ran out")
     finally:
         if process.poll() is None:
-            process.kill()
+            # The child leads its own process group: its map's pool processes (scheduler "local")
+            # end with it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
     if not out.is_file():
         tail = (work_dir / "stderr.txt").read_text(errors="replace")[-500:].strip()

@@ -17,6 +17,7 @@ text, and the hint names the line of traceguard it came from, for the bug report
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -67,13 +68,16 @@ def _progress_writer(path: str | None) -> Callable[[int, int], None] | None:
 
 
 def _end_with_parent(interval: float = 0.5) -> None:
-    """Exit as soon as the process that started us is gone (we were re-parented)."""
+    """Exit as soon as the process that started us is gone (we were re-parented), and take the
+    map's pool processes with us: the parent starts us as the leader of our own process group."""
     parent = os.getppid()
 
     def watch() -> None:
         while True:
             time.sleep(interval)
             if os.getppid() != parent:
+                if os.getpgid(0) == os.getpid():
+                    os.killpg(os.getpid(), signal.SIGKILL)
                 os._exit(3)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
