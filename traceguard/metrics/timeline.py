@@ -140,13 +140,30 @@ def _lane(
 
 class SegmentStream:
     """:func:`union_intervals` of rows fed a chunk at a time, in start order across chunks: the
-    same segments, with no array of all the rows (only the segments are kept)."""
+    same segments, with no array of all the rows (only the segments are kept).
 
-    def __init__(self) -> None:
+    ``rows``: how many rows will be fed at most, when known: the segments (never more than the
+    rows) are then written into arrays of that size, with no joining of pieces at the end."""
+
+    def __init__(self, rows: int = 0) -> None:
         self.reach: int | None = None  # the running end of the open segment (None: none yet)
         self.last_start: int | None = None
-        self.starts: list[np.ndarray] = []
-        self.ends: list[np.ndarray] = []
+        self.starts = np.empty(max(rows, 1), dtype=np.int64)
+        self.ends = np.empty(max(rows, 1), dtype=np.int64)
+        self.count = 0  # segments opened so far (the last one still open: no end yet)
+
+    def _append(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Open ``starts``; close the previous segments at ``ends`` (one fewer when the first
+        segment opens now)."""
+        need = self.count + starts.size
+        if need > self.starts.size:  # more rows than announced: grow
+            size = max(need, 2 * self.starts.size)
+            self.starts = np.resize(self.starts, size)
+            self.ends = np.resize(self.ends, size)
+        first_end = self.count - 1 if self.count else 0
+        self.ends[first_end : first_end + ends.size] = ends
+        self.starts[self.count : need] = starts
+        self.count = need
 
     def feed(self, start: np.ndarray, end: np.ndarray) -> bool:
         """Add rows (starts ascending, none before the last fed); False, adding nothing, when
@@ -173,20 +190,19 @@ class SegmentStream:
             ends = reach[np.maximum(closing - 1, 0)]
             if closing.size and closing[0] == 0:
                 ends[0] = self.reach
-            self.starts.append(start[heads])
-            self.ends.append(ends)
+            self._append(start[heads], ends)
         self.reach = int(reach[-1])
         return True
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         if self.reach is None:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        # One array joined at a time, its pieces dropped before the next (not both sets at once).
-        self.ends.append(np.array([self.reach], dtype=np.int64))
-        starts = np.concatenate(self.starts)
-        self.starts = []
-        ends = np.concatenate(self.ends)
-        self.ends = []
+        n = self.count
+        self.ends[n - 1] = self.reach
+        starts, ends = self.starts[:n], self.ends[:n]
+        if 2 * n < self.starts.size:  # far fewer segments than rows: do not hold the rest
+            starts, ends = starts.copy(), ends.copy()
+        self.starts = self.ends = np.empty(0, dtype=np.int64)
         return starts, ends
 
 
@@ -200,8 +216,12 @@ def compute_union(ops: pl.DataFrame, mask: pl.Series | None) -> dict[int, tuple[
     whose kernels are out of order is gathered and sorted instead."""
     keep = (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
     keep = keep & pl.col("start").is_not_null() & pl.col("end").is_not_null()
-    columns = [pl.col("device").fill_null(-1).cast(pl.Int64), pl.col("start"), pl.col("end")]
-    streams: dict[int, SegmentStream] = {}
+    device_key = pl.col("device").fill_null(-1).cast(pl.Int64)
+    columns = [device_key, pl.col("start"), pl.col("end")]
+    # Kept rows per device first (one cheap pass): each device's segments then fill arrays of
+    # that size, never joined from pieces (which would hold them twice for a moment).
+    counts = ops.lazy().filter(keep if mask is None else keep & mask.fill_null(False)).group_by(device_key).len()
+    streams = {int(dev): SegmentStream(int(n)) for dev, n in counts.collect().iter_rows()}
     unsorted: set[int] = set()
     for lo in range(0, ops.height, _SLICE_ROWS):
         # A slice of the frame is a view: only the slice's kept rows are copied.
@@ -218,10 +238,11 @@ def compute_union(ops: pl.DataFrame, mask: pl.Series | None) -> dict[int, tuple[
             if dev in unsorted:
                 continue
             rows = None if one else np.flatnonzero(device == dev)
-            stream = streams.setdefault(dev, SegmentStream())
+            stream = streams[dev]
             s, e = (start, end) if rows is None else (start[rows], end[rows])
             if not stream.feed(s, e):
                 unsorted.add(dev)
+                streams[dev] = SegmentStream()  # its arrays are not needed any more
     out = {dev: stream.result() for dev, stream in streams.items() if dev not in unsorted}
     for dev in sorted(unsorted):
         rows = keep & (pl.col("device").fill_null(-1) == dev)
