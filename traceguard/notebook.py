@@ -287,6 +287,8 @@ def analyze(
     nccl_tests: PathLike | Sequence[PathLike] | None = None,
     topo: PathLike | None = None,
     smi_q: PathLike | None = None,
+    scheduler: str | None = None,
+    jobs: int | None = None,
 ) -> Analysis:
     """Analyse one run: capture files (nsys ``.sqlite[.gz]``/``.nsys-rep``, Kineto ``.json[.gz]``),
     run directories, and side files (NCCL logs, nvidia-smi output), as ``traceguard analyze`` does.
@@ -294,7 +296,10 @@ def analyze(
     ``profile``: a checklist name (``traceguard profiles``) or ``.toml`` path. ``step_pattern``:
     regex(es) naming your step ranges, tried before the profile's; ``step_source``: the step
     sources to try, in order (``pattern``, ``convention``, ``inferred``, ``window``). Side files
-    can also be given among ``paths`` (recognised by content).
+    can also be given among ``paths`` (recognised by content). ``scheduler`` / ``jobs``: where the
+    per-file analyses run, as ``--scheduler`` / ``--jobs`` (``local``, ``serial``, a Dask address;
+    :mod:`traceguard.mapreduce`); a script that uses the local process pool needs the
+    ``if __name__ == "__main__":`` guard.
 
     Raises :class:`traceguard.errors.NoUsableInputError` (naming each file and what is wrong with it)
     when nothing given can be read, :class:`traceguard.errors.ProfileError` for a bad profile.
@@ -310,7 +315,13 @@ def analyze(
     sources = [step_source] if isinstance(step_source, str) else (list(step_source) if step_source else None)
     sides = side_files(listed(nccl_log), listed(dmon), listed(nccl_tests), listed(topo), listed(smi_q))
     raw = pipeline.analyze(
-        [str(p) for p in items], profile=profile, side_files=sides, step_patterns=patterns, step_sources=sources
+        [str(p) for p in items],
+        profile=profile,
+        side_files=sides,
+        step_patterns=patterns,
+        step_sources=sources,
+        scheduler=scheduler,
+        jobs=jobs,
     )
     return Analysis(report=raw.report, raw=raw)
 
