@@ -173,7 +173,7 @@ def phase(label: str, workers: int, *, kill: bool, uploads: int, clients: int, l
     with tempfile.TemporaryDirectory(prefix="tg-workers-") as tmp:
         data = Path(tmp) / "data"
         server = ApiOnly(data, url, env=env).start()
-        procs = [LiveWorker(data, url, env=env).start() for _ in range(workers)]
+        procs = LiveWorker.start_all([LiveWorker(data, url, env=env) for _ in range(workers)])
         killer = _Killer(url, procs[0], uploads // 3) if kill else None
         try:
             if killer:

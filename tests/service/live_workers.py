@@ -79,6 +79,16 @@ class LiveWorker:
     log: Path | None = None
 
     def start(self, timeout: float = 60) -> LiveWorker:
+        return self.launch().ready(timeout)
+
+    @staticmethod
+    def start_all(workers: list[LiveWorker], timeout: float = 60) -> list[LiveWorker]:
+        """Launch every worker, then wait for each: their start-ups overlap."""
+        for worker in workers:
+            worker.launch()
+        return [worker.ready(timeout) for worker in workers]
+
+    def launch(self) -> LiveWorker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.data_dir.parent / f"worker-{time.monotonic_ns()}.log"
         with self.log.open("wb") as log:
@@ -89,6 +99,10 @@ class LiveWorker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        return self
+
+    def ready(self, timeout: float = 60) -> LiveWorker:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while "thread(s), lease" not in self.output():  # started: store opened, threads claiming
             if self.process.poll() is not None:
