@@ -18,7 +18,7 @@ import orjson
 import pytest
 from sqlalchemy import create_engine, text, update
 
-from tests.service.conftest import P2P, P2P_FILES, postgres_database
+from tests.service.conftest import P2P, P2P_FILES, Api, postgres_database
 from tests.service.live_workers import ApiOnly, LiveWorker, running
 from traceguard.service.context import Context
 from traceguard.settings import Settings
@@ -297,3 +297,15 @@ def test_the_analysis_child_reports_each_capture(tmp_path: Path, unpacked: Any) 
     )
     assert "report" in orjson.loads(out.read_bytes())
     assert progress.read_text().splitlines() == ["1 2", "2 2"]
+
+
+def test_serve_with_its_own_workers_reports_progress(api: Api) -> None:
+    """The default ``serve`` (threads in the API process) records the same progress on the job."""
+    run_id = api.new_run()
+    response = api.upload(run_id, P2P, P2P_FILES)
+    assert response.status_code == 202, response.text
+    queued = response.json()["job"]
+    assert (queued["ranks_done"], queued["ranks_total"]) == (None, None)  # not started yet
+    job = api.wait(queued["url"])
+    assert job["status"] == "succeeded", job
+    assert (job["ranks_done"], job["ranks_total"]) == (2, 2)
