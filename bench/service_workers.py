@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -301,8 +302,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         BEGIN,
         "",
-        f"`bench/service_workers.py` on {results['machine']}, {results['date']}, PostgreSQL "
-        f"{results['postgres']} on the same machine: one `traceguard serve --no-workers` (the API) and "
+        f"`bench/service_workers.py` (commit {results['commit']}) on {results['machine']}, {results['date']}, "
+        f"PostgreSQL {results['postgres']} on the same machine: one `traceguard serve --no-workers` (the API) and "
         "N `traceguard worker --concurrency 1` processes, each phase on a fresh database. Each phase "
         f"uploads the 2×H200 P2P capture ({phases[0]['bytes_per_upload'] / 1e6:.2f} MB: 2 nsys exports, "
         f"2 NCCL logs, dmon) into {phases[0]['uploads']} new runs from {phases[0]['clients']} concurrent "
@@ -388,6 +389,9 @@ def main() -> int:
         "cores": os.cpu_count(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "postgres": postgres,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip(),
         "scheduler": os.environ.get("TRACEGUARD_DASK_SCHEDULER") or "default (local)",
         "phases": [],
     }
