@@ -314,8 +314,7 @@ def _series(values: list[Any], dtype: pl.DataType) -> pl.Series:
         return pl.Series(values, dtype=dtype, strict=False)
     except (TypeError, OverflowError, pl.exceptions.PolarsError):
         scalar = [
-            v if isinstance(v, str | float) or (type(v) is int and -(1 << 63) <= v < 1 << 63) else None
-            for v in values
+            v if isinstance(v, str | float) or (type(v) is int and -(1 << 63) <= v < 1 << 63) else None for v in values
         ]
         return pl.Series(scalar, dtype=dtype, strict=False)
 

@@ -86,15 +86,7 @@ def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict
             launched = ~is_graph & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
     counts = ops.select((is_graph & in_window).sum().alias("g"), (launched & in_window).sum().alias("l")).row(0)
     graph_count, launched_count = int(counts[0] or 0), int(counts[1] or 0)
-    mode = (
-        "mixed"
-        if graph_count and launched_count
-        else "graph"
-        if graph_count
-        else "node"
-        if launched_count
-        else None
-    )
+    mode = "mixed" if graph_count and launched_count else "graph" if graph_count else "node" if launched_count else None
     summary: dict[str, Any] = {
         "cuda_graph_trace": mode,
         "graph_executions": graph_count,

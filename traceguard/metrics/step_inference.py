@@ -247,9 +247,7 @@ def boundaries(
     n = start.size
     ended = np.maximum.accumulate(end) if ended is None else ended
     prefix = min(n, max(SEARCH_PREFIX, 2 * period))
-    first = _phase(
-        _idle_at(start, ended, 0, prefix), period, None if optimizer is None else optimizer[:prefix]
-    )
+    first = _phase(_idle_at(start, ended, 0, prefix), period, None if optimizer is None else optimizer[:prefix])
     slack = _slack(period)
     marks = [first]
     while True:
