@@ -109,7 +109,7 @@ def make_run(
     base_dir = out / ".base"
     base_dir.mkdir(exist_ok=True)
     bases: list[tuple[Path, dict]] = []
-    for i, src in enumerate(sources):
+    for i, src in enumerate(sources[:ranks]):  # only the sources some rank is made from
         base = base_dir / f"source{i}.sqlite"
         log = io.StringIO()
         with contextlib.redirect_stdout(log):  # scale_capture's progress lines: not needed here

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -177,6 +178,24 @@ def _vm_hwm(pid: int) -> int:
     return 0
 
 
+def tree_cpu_s(roots: list[int]) -> float:
+    """CPU seconds (user + system, with reaped children's) of the processes under ``roots`` so far."""
+    total = 0.0
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def warm(paths: list[Path]) -> None:
     """Read the files once (untimed) so the command starts from a warm page cache."""
     for path in paths:
@@ -189,6 +208,7 @@ def run_measured(cmd: list[str], log_stem: Path, *, extra_roots: list[int] = (),
     """Run ``cmd``; wall, and RSS peaks over its tree plus ``extra_roots``' trees."""
     log_stem.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
+    cluster_cpu0 = tree_cpu_s(list(extra_roots))
     with open(f"{log_stem}.out", "wb") as out, open(f"{log_stem}.err", "wb") as err:
         sampler = TreeSampler(list(extra_roots), interval)
         t0 = time.perf_counter()
@@ -202,10 +222,15 @@ def run_measured(cmd: list[str], log_stem: Path, *, extra_roots: list[int] = (),
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
         sampler.stop()
     root_hwm = usage.ru_maxrss * 1024
+    # CPU seconds: the command's and its reaped descendants' (a local pool's workers), plus what the
+    # extra roots (a Dask cluster, restarted before, so no other work) spent meanwhile. Unlike the
+    # wall, hardly changed by other processes competing for the cores.
+    cpu = usage.ru_utime + usage.ru_stime + (tree_cpu_s(list(extra_roots)) - cluster_cpu0)
     return {
         "cmd": " ".join(cmd),
         "rc": rc,
         "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
         "tree_peak_mb": round(sampler.tree_peak / 1e6, 1),
         "process_peak_mb": round(max(sampler.process_peak, sampler.hwm_peak, root_hwm) / 1e6, 1),
         "process_peak_sampled_mb": round(sampler.process_peak / 1e6, 1),
@@ -245,6 +270,9 @@ outcome = map_input(MapTask(0, spec, assignments[0], int(manifest["ranks"]), Map
 map_s = time.perf_counter() - t0
 blob = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
 del outcome
+if len(sys.argv) > 2 and sys.argv[2] == "--map-only":
+    print(json.dumps({"first_rank_map_s": round(map_s, 3), "outcome_pickled_bytes": len(blob)}))
+    raise SystemExit(0)
 marks = []
 t0 = time.perf_counter()
 analysis = analyze([str(run)], scheduler="serial", on_ranks=lambda done, total: marks.append(time.perf_counter()))
@@ -259,12 +287,12 @@ print(json.dumps({
 """
 
 
-def measure_travel(run: Path, work: Path) -> dict:
+def measure_travel(run: Path, work: Path, *, map_only: bool = False) -> dict:
     """:data:`TRAVEL_CODE` on ``run`` in a fresh process (not timed against the other cases)."""
     work.mkdir(parents=True, exist_ok=True)
     warm([p for p, _ in _rank_files(run)])
     res = subprocess.run(
-        [str(VENV_BIN / "python"), "-c", TRAVEL_CODE, str(run)],
+        [str(VENV_BIN / "python"), "-c", TRAVEL_CODE, str(run), *(["--map-only"] if map_only else [])],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -442,7 +470,9 @@ def case_one_by_one(run: Path, work: Path, sched: bool, interval: float) -> dict
         "wall_s": round(sum(r["wall_s"] for r in per_rank), 3),
         "tree_peak_mb": max(r["tree_peak_mb"] for r in per_rank),
         "process_peak_mb": max(r["process_peak_mb"] for r in per_rank),
+        "cpu_s": round(sum(r["cpu_s"] for r in per_rank), 3),
         "rank_wall_s": [r["wall_s"] for r in per_rank],
+        "rank_cpu_s": [r["cpu_s"] for r in per_rank],
         "rank_peak_mb": [r["process_peak_mb"] for r in per_rank],
         "loadavg_1m_before": round(load, 2),
         "loadavg_1m_max": max(r["loadavg_1m_before"] for r in per_rank),
@@ -528,9 +558,12 @@ def machine_facts(sched: bool) -> dict:
 
 def summarise(reps: list[dict]) -> dict:
     walls = [r["wall_s"] for r in reps]
+    cpus = [r.get("cpu_s", 0.0) for r in reps]
     return {
         "wall_s_min": min(walls),
         "wall_s_median": round(statistics.median(walls), 3),
+        "cpu_s_min": min(cpus),
+        "cpu_s_median": round(statistics.median(cpus), 3),
         "tree_peak_mb": max(r["tree_peak_mb"] for r in reps),
         "process_peak_mb": max(r["process_peak_mb"] for r in reps),
         "loadavg_1m_before": [r["loadavg_1m_before"] for r in reps],
@@ -589,14 +622,21 @@ def write_markdown(doc: dict, path: Path) -> None:
             f"## {m['ranks']} ranks × {m['kernels_per_rank']:,} kernels = {m['kernels_total']:,} kernels "
             f"({m['bytes_total'] / 1e9:.2f} GB), `{run['dir']}`",
             "",
-            "| case | wall s (min / median) | × one by one | peak RSS MB tree / process | "
-            "tree × largest rank | process × largest rank | load 1 min before | target | pass |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| case | wall s (min / median) | wall × one by one (median / min) | CPU s (median) | CPU × one by one | "
+            "peak RSS MB tree / process | tree × largest rank | process × largest rank | load 1 min before | "
+            "target | pass |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         largest = one["process_peak_mb"] if one else None
         for name, case in run["cases"].items():
             s = case["summary"]
             t_ratio = s["wall_s_median"] / one["wall_s_median"] if one and name != "one_by_one" else None
+            t_min = s["wall_s_min"] / one["wall_s_min"] if one and name != "one_by_one" else None
+            c_ratio = (
+                s.get("cpu_s_median", 0) / one["cpu_s_median"]
+                if one and one.get("cpu_s_median") and name != "one_by_one"
+                else None
+            )
             tree_r = s["tree_peak_mb"] / largest if largest and name != "one_by_one" else None
             proc_r = s["process_peak_mb"] / largest if largest and name != "one_by_one" else None
             target, verdict = "", ""
@@ -613,7 +653,8 @@ def write_markdown(doc: dict, path: Path) -> None:
                 rss = f"{s['tree_peak_mb']:.0f} / {s['process_peak_mb']:.0f}"
             lines.append(
                 f"| {CASE_TITLES[name]} | {s['wall_s_min']:.2f} / {s['wall_s_median']:.2f} | "
-                f"{f'{t_ratio:.3f}×' if t_ratio is not None else '—'} | {rss} | "
+                f"{f'{t_ratio:.3f}× / {t_min:.3f}×' if t_ratio is not None else '—'} | "
+                f"{s.get('cpu_s_median', 0):.1f} | {_times(c_ratio)} | {rss} | "
                 f"{_times(tree_r)} | {_times(proc_r)} | "
                 f"{', '.join(f'{x:.2f}' for x in s['loadavg_1m_before'])} | {target} | {verdict}"
                 + ("" if s["ok"] else " (a command failed: see logs)")
@@ -663,6 +704,7 @@ def write_markdown(doc: dict, path: Path) -> None:
                 f"{', '.join(f'{x:.2f}' for x in s['loadavg_1m_before'])} |"
             )
         lines.append("")
+    lines += paper_markdown(doc.get("paper") or {})
     fx = doc.get("fixed")
     if fx:
         lines += [
@@ -739,7 +781,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fixed-source", type=Path, default=ROOT / "tests/fixtures/h200x4/p2p_nsys/cap_0.sqlite.gz")
     parser.add_argument("--md", type=Path, default=HERE / "SCALE_OUT.md")
     parser.add_argument("--json", type=Path, default=HERE / "scale_out.json")
+    parser.add_argument(
+        "--rewrite", action="store_true", help="only recompute the on-paper scaling and rewrite --md from --json"
+    )
     args = parser.parse_args(argv)
+    if args.rewrite:
+        doc = json.loads(args.json.read_text())
+        doc["paper"] = paper(doc)
+        args.json.write_text(json.dumps(doc, indent=2, default=list) + "\n")
+        write_markdown(doc, args.md)
+        return
     runs = [r.resolve() for r in (args.run or [HERE / "work" / "run64"])]
     interval = args.poll_ms / 1000
     sched = supports_scheduler()
@@ -806,6 +857,7 @@ def main(argv: list[str] | None = None) -> None:
         if cluster:
             cluster.stop()
     travel = {run: measure_travel(run, WORK / run.name / "travel") for run in runs} if sched else {}
+    point_travel = {pt: measure_travel(pt, WORK / pt.name / "travel", map_only=True) for pt in points} if sched else {}
 
     doc: dict = {
         "machine": facts,
@@ -828,8 +880,9 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "dir": _shown(point),
                 "manifest": _manifest_summary(point),
-                "summary": summarise(reps) | {"per_rank_wall_s": reps[-1]["rank_wall_s"]},
+                "summary": summarise(reps),
                 "reps": reps,
+                "travel": point_travel.get(point),
             }
             for point, reps in point_reps.items()
         ],
@@ -845,9 +898,12 @@ def main(argv: list[str] | None = None) -> None:
         for case, reps in results[run].items():
             summary = summarise(reps)
             if case == "one_by_one":
-                last = reps[-1]
-                summary["per_rank_wall_s"] = last["rank_wall_s"]
-                summary["per_rank_peak_mb"] = last["rank_peak_mb"]
+                # Per rank, the least disturbed of the repeats.
+                summary["per_rank_wall_s"] = [min(v) for v in zip(*(r["rank_wall_s"] for r in reps), strict=True)]
+                summary["per_rank_cpu_s"] = [
+                    min(v) for v in zip(*(r.get("rank_cpu_s", r["rank_wall_s"]) for r in reps), strict=True)
+                ]
+                summary["per_rank_peak_mb"] = [max(v) for v in zip(*(r["rank_peak_mb"] for r in reps), strict=True)]
             entry["cases"][case] = {"summary": summary, "reps": reps}
         one = entry["cases"].get("one_by_one")
         if one:
@@ -857,6 +913,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 s = data["summary"]
                 s["wall_ratio_vs_one_by_one"] = round(s["wall_s_median"] / one["summary"]["wall_s_median"], 3)
+                s["min_wall_ratio_vs_one_by_one"] = round(s["wall_s_min"] / one["summary"]["wall_s_min"], 3)
+                if one["summary"]["cpu_s_median"]:
+                    s["cpu_ratio_vs_one_by_one"] = round(s["cpu_s_median"] / one["summary"]["cpu_s_median"], 3)
                 s["tree_rss_ratio_vs_largest_rank"] = round(s["tree_peak_mb"] / largest, 2)
                 s["process_rss_ratio_vs_largest_rank"] = round(s["process_peak_mb"] / largest, 2)
                 if case in TARGET_CASES:
@@ -864,9 +923,151 @@ def main(argv: list[str] | None = None) -> None:
                     s["pass_rss_tree"] = s["tree_rss_ratio_vs_largest_rank"] <= RSS_RATIO
                     s["pass_rss_process"] = s["process_rss_ratio_vs_largest_rank"] <= RSS_RATIO
         doc["runs"].append(entry)
+    doc["paper"] = paper(doc)
     args.json.write_text(json.dumps(doc, indent=2, default=list) + "\n")
     write_markdown(doc, args.md)
     print(f"wrote {args.md} and {args.json}")
+
+
+# -- on paper: 1,024 ranks ------------------------------------------------------------------------
+
+#: The run docs/scale-out.md scales to: this many ranks, each rank file this many bytes.
+PAPER_RANKS = 1024
+PAPER_RANK_BYTES = (0.2e9, 1e9, 5e9)
+#: Workers of one thread each (a worker's rank file read also uses a helper process: 2 cores each).
+PAPER_WORKERS = (16, 64, 256)
+
+
+def _interp(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through ``points``; beyond either end, the end segment's slope."""
+    by_x: dict[float, list[float]] = {}
+    for px, py in points:
+        by_x.setdefault(px, []).append(py)
+    pts = sorted((px, statistics.mean(ys)) for px, ys in by_x.items())
+    if len(pts) == 1:
+        return pts[0][1]
+    segment = next((pair for pair in itertools.pairwise(pts) if x <= pair[1][0]), (pts[-2], pts[-1]))
+    (x0, y0), (x1, y1) = segment
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def paper(doc: dict) -> dict:
+    """Scale the measured per-rank costs to :data:`PAPER_RANKS` ranks of each size in
+    :data:`PAPER_RANK_BYTES` (the arithmetic docs/scale-out.md shows).
+
+    Per-rank points (kernels → CPU s, wall s, peak RSS MB, pickled map result bytes): the
+    one-by-one figures of each run (per rank the least of the repeats, then the median over ranks;
+    the largest per-rank peak), the size points (least of the repeats; largest peak), and the
+    one-rank map results measured in-process. The per-rank time used is the CPU time, not the wall:
+    on these shared cores the wall mostly measures the other processes, the CPU seconds hardly; a
+    worker with its own cores takes at most that long (the rank read's helper process overlaps).
+    Kernels of a rank file of S bytes: S ÷ (bytes per kernel of these exports). Map wall on W
+    one-thread workers: ⌈ranks ÷ W⌉ × the per-rank time (ranks of equal size); the reduce: the
+    measured reduce seconds per rank of the run with the most ranks × ranks."""
+    pts_wall: list[tuple[float, float]] = []
+    pts_cpu: list[tuple[float, float]] = []
+    pts_rss: list[tuple[float, float]] = []
+    pts_travel: list[tuple[float, float]] = []
+    bpk: list[float] = []
+    reduce_per_rank = None
+    for run in doc["runs"]:
+        m = run["manifest"]
+        one = run["cases"].get("one_by_one")
+        bpk.append(m["bytes_total"] / m["kernels_total"])
+        if one:
+            pts_wall.append((m["kernels_per_rank"], statistics.median(one["summary"]["per_rank_wall_s"])))
+            if one["summary"].get("per_rank_cpu_s"):
+                pts_cpu.append((m["kernels_per_rank"], statistics.median(one["summary"]["per_rank_cpu_s"])))
+            pts_rss.append((m["kernels_per_rank"], one["summary"]["process_peak_mb"]))
+        tr = run.get("travel") or {}
+        if "outcome_pickled_bytes" in tr:
+            pts_travel.append((m["kernels_per_rank"], tr["outcome_pickled_bytes"]))
+            if "reduce_s" in tr and (reduce_per_rank is None or m["ranks"] > reduce_per_rank[0]):
+                reduce_per_rank = (m["ranks"], tr["reduce_s"] / m["ranks"])
+    for pt in doc.get("size_points", []):
+        m, s = pt["manifest"], pt["summary"]
+        bpk.append(m["bytes_total"] / m["kernels_total"])
+        pts_wall.append((m["kernels_per_rank"], s["wall_s_min"] / m["ranks"]))  # one rank, normally
+        if s.get("cpu_s_min"):
+            pts_cpu.append((m["kernels_per_rank"], s["cpu_s_min"] / m["ranks"]))
+        pts_rss.append((m["kernels_per_rank"], s["process_peak_mb"]))
+        tr = pt.get("travel") or {}
+        if "outcome_pickled_bytes" in tr:
+            pts_travel.append((m["kernels_per_rank"], tr["outcome_pickled_bytes"]))
+    if not pts_wall:
+        return {}
+    per_kernel = statistics.median(bpk)
+    rows = []
+    for size in PAPER_RANK_BYTES:
+        kernels = size / per_kernel
+        wall = _interp(pts_cpu or pts_wall, kernels)
+        rss = _interp(pts_rss, kernels)
+        travel = _interp(pts_travel, kernels) if pts_travel else None
+        reduce_s = reduce_per_rank[1] * PAPER_RANKS if reduce_per_rank else None
+        rows.append(
+            {
+                "rank_bytes": size,
+                "kernels_per_rank": round(kernels),
+                "rank_s": round(wall, 2),
+                "worker_peak_mb": round(rss),
+                "result_bytes_per_rank": round(travel) if travel else None,
+                "results_total_mb": round(travel * PAPER_RANKS / 1e6) if travel else None,
+                "reduce_s": round(reduce_s, 1) if reduce_s is not None else None,
+                "map_wall_s": {w: round(-(-PAPER_RANKS // w) * wall, 1) for w in PAPER_WORKERS},
+                "cpu_s": round(PAPER_RANKS * wall),  # the map's CPU seconds for the whole run
+            }
+        )
+    return {
+        "ranks": PAPER_RANKS,
+        "bytes_per_kernel": round(per_kernel, 1),
+        "points_wall": sorted(pts_wall),
+        "points_cpu": sorted(pts_cpu),
+        "time_from": "cpu" if pts_cpu else "wall",
+        "points_rss_mb": sorted(pts_rss),
+        "points_result_bytes": sorted(pts_travel),
+        "reduce_s_per_rank": round(reduce_per_rank[1], 4) if reduce_per_rank else None,
+        "reduce_measured_on_ranks": reduce_per_rank[0] if reduce_per_rank else None,
+        "rows": rows,
+    }
+
+
+def paper_markdown(pp: dict) -> list[str]:
+    if not pp:
+        return []
+    workers = " | ".join(f"map wall on {w} workers" for w in PAPER_WORKERS)
+    lines = [
+        f"## On paper: {pp['ranks']:,} ranks (the arithmetic of `docs/scale-out.md`)",
+        "",
+        f"Bytes per kernel of these exports: {pp['bytes_per_kernel']:.0f} (kernels + their CUDA runtime calls, "
+        f"copies, NVTX). Per-rank time ({pp['time_from']} seconds: the CPU time is what a worker with its own "
+        "cores needs at most; the wall on these shared cores mostly measures the other processes) and peak RSS: "
+        "piecewise-linear through the measured one-by-one points "
+        f"(kernels → CPU s: {', '.join(f'{k / 1e6:.2f} M → {v:.2f}' for k, v in pp.get('points_cpu', []))}; "
+        f"kernels → wall s, for reference: {', '.join(f'{k / 1e6:.2f} M → {v:.2f}' for k, v in pp['points_wall'])}; "
+        f"kernels → MB: {', '.join(f'{k / 1e6:.2f} M → {v:.0f}' for k, v in pp['points_rss_mb'])}), the last "
+        "segment's slope beyond the largest. Map result per rank (pickled): "
+        f"{', '.join(f'{k / 1e6:.2f} M → {v / 1e6:.2f} MB' for k, v in pp['points_result_bytes']) or 'not measured'}. "
+        f"Reduce: {pp['reduce_s_per_rank']} s per rank (measured on {pp['reduce_measured_on_ranks']} ranks) × "
+        f"{pp['ranks']:,}. Map wall on W workers = ⌈{pp['ranks']:,} ÷ W⌉ × per-rank time (each worker one thread; "
+        "its rank read also runs a helper process on a second core).",
+        "",
+        f"| rank file | kernels per rank | per-rank time s | memory per worker MB | result per rank MB | "
+        f"all results MB | {workers} | reduce s | CPU s in all |",
+        "|---|---|---|---|---|---|" + "---|" * len(PAPER_WORKERS) + "---|---|",
+    ]
+    for r in pp["rows"]:
+        walls = " | ".join(f"{v:,.0f} s ({v / 60:.1f} min)" for v in r["map_wall_s"].values())
+        res = r["result_bytes_per_rank"]
+        lines.append(
+            f"| {r['rank_bytes'] / 1e9:g} GB | {r['kernels_per_rank'] / 1e6:.2f} M | {r['rank_s']:.1f} | "
+            f"{r['worker_peak_mb']:,} | {res / 1e6:.2f} | {r['results_total_mb']:,} | {walls} | "
+            f"{r['reduce_s'] if r['reduce_s'] is not None else '—'} | {r['cpu_s']:,} |"
+            if res
+            else f"| {r['rank_bytes'] / 1e9:g} GB | {r['kernels_per_rank'] / 1e6:.2f} M | {r['rank_s']:.1f} | "
+            f"{r['worker_peak_mb']:,} | — | — | {walls} | — | {r['cpu_s']:,} |"
+        )
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":
