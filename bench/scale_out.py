@@ -497,20 +497,21 @@ def case_together(
     return run_measured(cmd, work / "analyze", extra_roots=extra_roots, interval=interval)
 
 
-def case_fixed(source: Path, work: Path, sched: bool, interval: float) -> dict:
-    """One unscaled real capture: the fixed cost of a process (start, imports, report) + 5 k kernels."""
+def case_fixed(source: Path, work: Path, scheduler: str | None, interval: float, extra_roots: list[int] = ()) -> dict:
+    """One unscaled real capture: the fixed cost of a process (start, imports, report) + 5 k kernels.
+    On a Dask scheduler: the client's own fixed memory (with dask.distributed imported)."""
     warm([source])
     cmd = [
         str(TRACEGUARD),
         "analyze",
         f"{source}:0",
-        *(["--scheduler", "serial"] if sched else []),
+        *(["--scheduler", scheduler] if scheduler else []),
         "--format",
         "json",
         "-o",
         str(work / "report.json"),
     ]
-    return run_measured(cmd, work / "analyze", interval=interval)
+    return run_measured(cmd, work / "analyze", extra_roots=extra_roots, interval=interval)
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -816,11 +817,15 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[Path, dict[str, list[dict]]] = {run: {c: [] for c in cases} for run in runs}
     reports: dict[Path, list[tuple[str, Path]]] = {run: [] for run in runs}
     fixed_reps: list[dict] = []
+    fixed_dask_reps: list[dict] = []
     points = [r.resolve() for r in args.size_point]
     point_reps: dict[Path, list[dict]] = {r: [] for r in points}
     try:
         for rep in range(args.repeat):
-            fixed_reps.append(case_fixed(fixed, WORK / "fixed", sched, interval))
+            fixed_reps.append(case_fixed(fixed, WORK / "fixed", "serial" if sched else None, interval))
+            if cluster:
+                cluster.restart()
+                fixed_dask_reps.append(case_fixed(fixed, WORK / "fixed_dask", cluster.address, interval, cluster.pids))
             for point in points:
                 res = case_one_by_one(point, WORK / point.name / "one_by_one" / f"rep{rep}", sched, interval)
                 point_reps[point].append(res)
@@ -874,6 +879,8 @@ def main(argv: list[str] | None = None) -> None:
             "kernels": fixed_kernels,
             "summary": summarise(fixed_reps),
             "reps": fixed_reps,
+            "dask_client_mb": max((r["command_maxrss_mb"] for r in fixed_dask_reps), default=None),
+            "dask_reps": fixed_dask_reps,
         },
         "runs": [],
         "size_points": [
@@ -969,7 +976,10 @@ def paper(doc: dict) -> dict:
     pts_rss: list[tuple[float, float]] = []
     pts_travel: list[tuple[float, float]] = []
     bpk: list[float] = []
-    reduce_per_rank = None
+    pts_reduce: list[tuple[float, float]] = []
+    pts_client: list[tuple[float, float]] = []
+    pts_report: list[tuple[float, float]] = []
+    client_base = (doc.get("fixed") or {}).get("dask_client_mb")
     for run in doc["runs"]:
         m = run["manifest"]
         one = run["cases"].get("one_by_one")
@@ -982,8 +992,18 @@ def paper(doc: dict) -> dict:
         tr = run.get("travel") or {}
         if "outcome_pickled_bytes" in tr:
             pts_travel.append((m["kernels_per_rank"], tr["outcome_pickled_bytes"]))
-            if "reduce_s" in tr and (reduce_per_rank is None or m["ranks"] > reduce_per_rank[0]):
-                reduce_per_rank = (m["ranks"], tr["reduce_s"] / m["ranks"])
+            if "reduce_s" in tr:
+                pts_reduce.append((m["kernels_per_rank"], tr["reduce_s"] / m["ranks"]))
+        together = [c for name, c in run["cases"].items() if name != "one_by_one"]
+        sizes = [r["report_bytes"] for c in together for r in c["reps"] if r.get("report_bytes")]
+        if sizes:
+            pts_report.append((m["kernels_per_rank"], max(sizes) / m["ranks"]))
+        dask = run["cases"].get("dask")
+        if dask and client_base:
+            # The Dask client is the command alone (the workers are not its children): its peak
+            # above the client's fixed peak, per rank (an upper bound: all growth charged to ranks).
+            peak = statistics.median(r["command_maxrss_mb"] for r in dask["reps"])
+            pts_client.append((m["kernels_per_rank"], max(peak - client_base, 0.0) / m["ranks"]))
     for pt in doc.get("size_points", []):
         m, s = pt["manifest"], pt["summary"]
         bpk.append(m["bytes_total"] / m["kernels_total"])
@@ -1003,7 +1023,9 @@ def paper(doc: dict) -> dict:
         wall = _interp(pts_cpu or pts_wall, kernels)
         rss = _interp(pts_rss, kernels)
         travel = _interp(pts_travel, kernels) if pts_travel else None
-        reduce_s = reduce_per_rank[1] * PAPER_RANKS if reduce_per_rank else None
+        reduce_s = _interp(pts_reduce, kernels) * PAPER_RANKS if pts_reduce else None
+        client_mb = client_base + _interp(pts_client, kernels) * PAPER_RANKS if pts_client else None
+        report_mb = _interp(pts_report, kernels) * PAPER_RANKS / 1e6 if pts_report else None
         rows.append(
             {
                 "rank_bytes": size,
@@ -1013,6 +1035,8 @@ def paper(doc: dict) -> dict:
                 "result_bytes_per_rank": round(travel) if travel else None,
                 "results_total_mb": round(travel * PAPER_RANKS / 1e6) if travel else None,
                 "reduce_s": round(reduce_s, 1) if reduce_s is not None else None,
+                "client_mb": round(client_mb) if client_mb is not None else None,
+                "report_mb": round(report_mb) if report_mb is not None else None,
                 "map_wall_s": {w: round(-(-PAPER_RANKS // w) * wall, 1) for w in PAPER_WORKERS},
                 "cpu_s": round(PAPER_RANKS * wall),  # the map's CPU seconds for the whole run
             }
@@ -1025,10 +1049,16 @@ def paper(doc: dict) -> dict:
         "time_from": "cpu" if pts_cpu else "wall",
         "points_rss_mb": sorted(pts_rss),
         "points_result_bytes": sorted(pts_travel),
-        "reduce_s_per_rank": round(reduce_per_rank[1], 4) if reduce_per_rank else None,
-        "reduce_measured_on_ranks": reduce_per_rank[0] if reduce_per_rank else None,
+        "points_reduce_s_per_rank": sorted(pts_reduce),
+        "points_client_mb_per_rank": sorted(pts_client),
+        "points_report_bytes_per_rank": sorted(pts_report),
+        "client_base_mb": client_base,
         "rows": rows,
     }
+
+
+def shown(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return fmt.format(value) if value is not None else "—"
 
 
 def paper_markdown(pp: dict) -> list[str]:
@@ -1047,24 +1077,29 @@ def paper_markdown(pp: dict) -> list[str]:
         f"kernels → MB: {', '.join(f'{k / 1e6:.2f} M → {v:.0f}' for k, v in pp['points_rss_mb'])}), the last "
         "segment's slope beyond the largest. Map result per rank (pickled): "
         f"{', '.join(f'{k / 1e6:.2f} M → {v / 1e6:.2f} MB' for k, v in pp['points_result_bytes']) or 'not measured'}. "
-        f"Reduce: {pp['reduce_s_per_rank']} s per rank (measured on {pp['reduce_measured_on_ranks']} ranks) × "
-        f"{pp['ranks']:,}. Map wall on W workers = ⌈{pp['ranks']:,} ÷ W⌉ × per-rank time (each worker one thread; "
+        "Reduce seconds per rank: "
+        f"{', '.join(f'{k / 1e6:.2f} M → {v:.4f}' for k, v in pp['points_reduce_s_per_rank']) or 'not measured'}"
+        f" × {pp['ranks']:,}. Client (the Dask client process: reduce + report) MB per rank above its fixed "
+        f"{pp['client_base_mb'] or 0:.0f} MB: "
+        f"{', '.join(f'{k / 1e6:.2f} M → {v:.1f}' for k, v in pp['points_client_mb_per_rank']) or 'not measured'}"
+        " (an upper bound). JSON report bytes per rank: "
+        f"{', '.join(f'{k / 1e6:.2f} M → {v / 1e6:.2f} MB' for k, v in pp['points_report_bytes_per_rank'])}. "
+        f"Map wall on W workers = ⌈{pp['ranks']:,} ÷ W⌉ × per-rank time (each worker one thread; "
         "its rank read also runs a helper process on a second core).",
         "",
         f"| rank file | kernels per rank | per-rank time s | memory per worker MB | result per rank MB | "
-        f"all results MB | {workers} | reduce s | CPU s in all |",
-        "|---|---|---|---|---|---|" + "---|" * len(PAPER_WORKERS) + "---|---|",
+        f"all results MB | {workers} | reduce s | client MB | JSON report MB | CPU s in all |",
+        "|---|---|---|---|---|---|" + "---|" * len(PAPER_WORKERS) + "---|---|---|---|",
     ]
     for r in pp["rows"]:
         walls = " | ".join(f"{v:,.0f} s ({v / 60:.1f} min)" for v in r["map_wall_s"].values())
         res = r["result_bytes_per_rank"]
+
         lines.append(
             f"| {r['rank_bytes'] / 1e9:g} GB | {r['kernels_per_rank'] / 1e6:.2f} M | {r['rank_s']:.1f} | "
-            f"{r['worker_peak_mb']:,} | {res / 1e6:.2f} | {r['results_total_mb']:,} | {walls} | "
-            f"{r['reduce_s'] if r['reduce_s'] is not None else '—'} | {r['cpu_s']:,} |"
-            if res
-            else f"| {r['rank_bytes'] / 1e9:g} GB | {r['kernels_per_rank'] / 1e6:.2f} M | {r['rank_s']:.1f} | "
-            f"{r['worker_peak_mb']:,} | — | — | {walls} | — | {r['cpu_s']:,} |"
+            f"{r['worker_peak_mb']:,} | {shown(res / 1e6 if res else None, '{:.2f}')} | "
+            f"{shown(r['results_total_mb'])} | {walls} | {shown(r['reduce_s'], '{:,.1f}')} | "
+            f"{shown(r.get('client_mb'))} | {shown(r.get('report_mb'))} | {r['cpu_s']:,} |"
         )
     lines.append("")
     return lines
