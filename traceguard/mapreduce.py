@@ -383,12 +383,10 @@ def map_run(
     scheduler: str | None = None,
     jobs: int | None = None,
     on_ranks: RankProgress | None = None,
-    on_input: Callable[[InputSpec], None] | None = None,
 ) -> MappedRun:
     """Map every input (module docstring) and return the confirmed records and rank results.
 
-    ``on_input`` is called as an input is handed to the map (serial) or when its result arrives;
-    ``on_ranks(done, total)`` as each input's map finishes."""
+    ``on_ranks(done, total)`` is called as each input's map finishes (in this process)."""
     name = chosen_scheduler(scheduler)
     assignments, expected_ranks = plan(specs)
     here = os.getcwd()
@@ -397,8 +395,6 @@ def map_run(
     total = len(tasks)
     for task, result in _execute(tasks, name, jobs):
         outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
-        if on_input:
-            on_input(task.spec)
         if on_ranks:
             on_ranks(len(outcomes), total)
 
