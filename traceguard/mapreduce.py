@@ -60,6 +60,7 @@ from traceguard.ingest import (
     InputSpec,
     RankAssignment,
     RankFacts,
+    apply_assignment,
     describe,
     gpu_processes,
     rank_parts,
@@ -421,8 +422,6 @@ def map_run(
         record = outcome.record
         assignment = confirmed.get(index)
         if assignment is not None:
-            from traceguard.ingest import apply_assignment
-
             apply_assignment(record, assignment)
             if not assignment.error:
                 results.extend(outcome.results)
