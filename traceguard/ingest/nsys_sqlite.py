@@ -191,6 +191,7 @@ def read_nsys_sqlite(path: Path, *, source_path: str | None = None, launches_onl
     GPU op gets its launch as the :data:`model.LAUNCH_SCHEMA` columns, and ``api_calls`` is left
     empty. The launch columns are exactly what joining the full ``api_calls`` gives.
     """
+    model.bound_heap()  # freed read buffers go back to the OS at once (model.bound_heap)
     path = Path(path)
     shown = source_path or str(path)
     if not path.is_file():
