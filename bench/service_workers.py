@@ -344,7 +344,9 @@ def render(results: dict[str, Any]) -> str:
             f"analysing job {k['job']}; its analysis process ended itself {k['analysis_ended_after_s']:.1f} s "
             f"later ({k['left_running_10s_after_kill']} of {k['analysis_processes_of_victim']} left after 10 s). "
             f"The survivor requeued the job when its lease ran out and claimed it "
-            f"{k['reclaimed_after_s']:.1f} s after the kill (attempt {k['job_attempts']}); it "
+            f"{k['reclaimed_after_s']:.1f} s after the kill (attempt {k['job_attempts']}: the lease of "
+            f"{kill['lease_s']:.0f} s ran out at most that long after the kill, and the survivor looks for "
+            f"expired leases every {kill['lease_s'] / 2:.1f} s between its own jobs); it "
             f"{'succeeded' if k['job_status'] == 'succeeded' else k['job_status']}. "
             f"{kill['jobs_lost']} of {kill['uploads']} jobs lost.",
         ]
@@ -381,7 +383,11 @@ def main() -> int:
         "--lease", type=float, default=5.0, help="job lease (s): how soon a killed worker's job returns"
     )
     parser.add_argument("--no-write", action="store_true", help="print the results only (a trial run)")
+    parser.add_argument("--render", action="store_true", help="rewrite the section from the committed JSON only")
     args = parser.parse_args()
+    if args.render:
+        _write_section(render(json.loads((REPO / "bench" / "service_workers.json").read_text())))
+        return 0
     with _admin() as admin:
         postgres = admin.execute("SHOW server_version").fetchone()[0]
     results: dict[str, Any] = {
