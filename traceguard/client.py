@@ -120,10 +120,20 @@ class Client:
     def job(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}").json()
 
-    def wait(self, job_id: int, *, timeout: float, poll: float = 1.0) -> dict[str, Any]:
+    def wait(
+        self,
+        job_id: int,
+        *,
+        timeout: float,
+        poll: float = 1.0,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll the job until it ends; ``on_update`` sees each state (status, ``ranks_done`` of ``ranks_total``)."""
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
+            if on_update:
+                on_update(job)
             if job["status"] in ("succeeded", "failed"):
                 return job
             if time.monotonic() > deadline:

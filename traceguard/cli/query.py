@@ -275,9 +275,7 @@ def steps_command(
             with local_store(data_dir) as ctx, ctx.factory() as session:
                 if session.get(Run, run_id) is None:
                     raise InputError(f"run {run_id}: no such run in the store at {ctx.settings.data_dir}")
-                rows = results.step_records(
-                    session, run_id, rank=rank, phase=phase, collective=collective, limit=limit
-                )
+                rows = results.step_records(session, run_id, rank=rank, phase=phase, collective=collective, limit=limit)
     except TraceguardError as exc:
         raise fail(exc) from None
     if fmt is TableFormat.json:

@@ -213,8 +213,17 @@ def upload_command(
             err.print("[bold red]error[/]: the service accepted none of the files")
             raise typer.Exit(2)
         job = client.analyze(run["id"], profile if run_id else None)
-        with err.status(f"analysing run {run['id']} (job {job['id']})", spinner="dots"):
-            job = client.wait(job["id"], timeout=timeout)
+        label = f"analysing run {run['id']} (job {job['id']})"
+        with err.status(label, spinner="dots") as status:
+
+            def show(state: dict[str, Any]) -> None:
+                done, total = state.get("ranks_done"), state.get("ranks_total")
+                if state["status"] == "running" and total:
+                    status.update(f"{label}: {done} of {total} files analysed")
+                elif state["status"] == "queued":
+                    status.update(f"{label}: queued")
+
+            job = client.wait(job["id"], timeout=timeout, on_update=show)
         if job["status"] != "succeeded":
             err.print(
                 f"[bold red]error[/]: job {job['id']} failed: {job['error']['code']}: {escape(job['error']['message'])}"

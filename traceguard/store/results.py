@@ -367,7 +367,13 @@ def step_records(
     store): each with its ``phases`` (only ``phase`` when given; steps without it are left out) and
     its ``collectives`` by type (with ``collective``: only the steps that ran it, only its rows)."""
     steps = query_steps(
-        session, run_id, rank=rank, from_step=from_step, to_step=to_step, collective=collective, limit=limit,
+        session,
+        run_id,
+        rank=rank,
+        from_step=from_step,
+        to_step=to_step,
+        collective=collective,
+        limit=limit,
         offset=offset,
     )
     phases: dict[tuple[int, int], list[dict[str, Any]]] = {}
