@@ -168,7 +168,7 @@ def map_input(task: MapTask) -> MapOutcome:
     record = InputRecord(path=str(spec.path))
     outcome = MapOutcome(task.index, record)
     try:
-        capture = read_capture(Path(task.base_dir) / spec.path, shown=str(spec.path))
+        capture = read_capture(Path(task.base_dir) / spec.path, shown=str(spec.path), keep_correlation=False)
     except TraceguardError as exc:
         record.error, record.error_code = str(exc), exc.code
         return outcome

@@ -157,14 +157,16 @@ def sniff(path: Path) -> str:
     )
 
 
-def read_capture(path: Path, *, shown: str | None = None) -> model.Capture:
+def read_capture(path: Path, *, shown: str | None = None, keep_correlation: bool = True) -> model.Capture:
     """Read one capture file of any supported format; every error it raises names the file.
 
     ``shown`` is what messages and the capture call the file (the path the user gave, when
-    ``path`` is that path made absolute for a worker elsewhere); by default ``path`` itself."""
+    ``path`` is that path made absolute for a worker elsewhere); by default ``path`` itself.
+    ``keep_correlation=False`` (the analysis' map): an nsys export's ops lose their correlation
+    ids once their launches are joined (no metric reads them; ~9 bytes an op)."""
     name = shown or str(path)
     try:
-        return _read_capture(path, name)
+        return _read_capture(path, name, keep_correlation)
     except TraceguardError as exc:
         if shown and str(path) != shown:
             exc.message = exc.message.replace(str(path), shown)
@@ -173,14 +175,16 @@ def read_capture(path: Path, *, shown: str | None = None) -> model.Capture:
         raise
 
 
-def _read_capture(path: Path, shown: str) -> model.Capture:
+def _read_capture(path: Path, shown: str, keep_correlation: bool) -> model.Capture:
     kind = sniff(path)
     # The analysis needs only the CUDA calls that launched GPU work, joined to the ops as the
     # ops' launch columns (a third of the API rows on real captures, and no join left to do).
     if kind == "nsys-sqlite":
-        capture = read_nsys_sqlite(path, source_path=shown, launches_only=True)
+        capture = read_nsys_sqlite(path, source_path=shown, launches_only=True, keep_correlation=keep_correlation)
     elif kind == "nsys-rep":
-        capture = read_nsys_sqlite(export_to_sqlite(path), source_path=shown, launches_only=True)
+        capture = read_nsys_sqlite(
+            export_to_sqlite(path), source_path=shown, launches_only=True, keep_correlation=keep_correlation
+        )
         capture.info.format = "nsys-rep"
     else:
         capture = read_kineto(path, source_path=shown)
