@@ -29,6 +29,8 @@ class LiveServer:
     database_url: str | None = None
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
+    #: More ``serve`` options (e.g. ``--no-workers``).
+    args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     admin_token: str | None = None
@@ -46,7 +48,7 @@ class LiveServer:
         self.log = self.data_dir.parent / f"serve-{self.port}-{time.monotonic_ns()}.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "traceguard.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "traceguard.cli", "serve", "--port", str(self.port), *self.args],
                 cwd=REPO,
                 env=env,
                 stdout=log,

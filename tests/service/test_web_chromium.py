@@ -7,6 +7,7 @@ breakdown, the NCCL share and the transport matrix. Expected values come from th
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,3 +166,39 @@ def test_other_project_sees_no_runs(browser, site, tmp_path: Path) -> None:  # n
     response = page.goto(f"{server.url}/runs/{next(iter(reports))}")
     assert response is not None and response.status == 404
     context.close()
+
+
+def test_a_running_job_shows_its_progress(browser, tmp_path: Path) -> None:  # noqa: F811
+    """A run whose analysis is under way shows how many of its files are analysed (the job's
+    ``ranks_done`` of ``ranks_total``, as a worker records them), and the finished page once done."""
+    server = LiveServer(tmp_path / "data", args=["--no-workers"]).start()  # the job waits: no worker runs it
+    try:
+        admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"})
+        run_id = admin.post("/v1/runs", json={"labels": {}}).json()["id"]
+        files = [("file", (n, (P2P / n).read_bytes())) for n in P2P_FILES[:2]]
+        job = admin.post(f"/v1/runs/{run_id}/files", files=files).json()["job"]
+        assert admin.get(job["url"]).json()["status"] == "queued"
+        # What a worker writes while the map runs: the job is running, one of two files done.
+        db = sqlite3.connect(tmp_path / "data" / "traceguard.db")
+        with db:
+            db.execute("UPDATE jobs SET status = 'running', ranks_done = 1, ranks_total = 2 WHERE id = ?", (job["id"],))
+        db.close()
+        state = admin.get(job["url"]).json()
+        assert (state["ranks_done"], state["ranks_total"]) == (1, 2)
+        reader = admin.post("/v1/tokens", json={"scopes": ["read"], "name": "browser"}).json()["token"]
+        context = browser.new_context()
+        page = context.new_page()
+        problems = _watch(page)
+        page.goto(f"{server.url}/login")
+        page.fill("#token", reader)
+        page.click("#login button[type=submit]")
+        page.wait_for_url(f"{server.url}/runs")
+        page.goto(f"{server.url}/runs/{run_id}")
+        assert page.locator("#progress").inner_text() == "1 of 2 files analysed"
+        assert page.locator("#job progress").get_attribute("value") == "1"
+        assert page.locator("#job progress").get_attribute("max") == "2"
+        assert problems == []
+        context.close()
+        admin.close()
+    finally:
+        server.stop()
