@@ -56,6 +56,8 @@ MIN_STEADY_NAMES = 3
 SETTLE_KERNELS = 2
 #: Kernels compared when aligning the next iteration's start with the current one's.
 ALIGN_KERNELS = 32
+#: Iterations whose exact repetition is checked at once (a bound on the work per check).
+BULK_MARKS = 256
 #: Share of the sequence an anchor's recurrences must span.
 COVERAGE = 0.5
 #: Kernels an iteration has at least: one kernel repeated is a kernel loop, not an iteration.
@@ -103,9 +105,12 @@ def _tokens(names: np.ndarray, length: int) -> np.ndarray:
 def _recurring_distances(tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per token that recurs at one constant distance P across at least ``COVERAGE`` of the
     sequence: that distance P, and how often the token occurs."""
-    _, inverse, counts = np.unique(tokens, return_inverse=True, return_counts=True)
-    order = np.argsort(inverse, kind="stable")  # positions grouped by token, ascending
-    group = inverse[order]
+    # One stable sort: positions grouped by token (ascending), in position order within a token.
+    order = np.argsort(tokens, kind="stable")
+    ordered = tokens[order]
+    group = np.zeros(order.size, dtype=np.int64)
+    np.cumsum(ordered[1:] != ordered[:-1], out=group[1:])
+    counts = np.bincount(group)
     gaps = np.diff(order)
     same = group[1:] == group[:-1]
     if not same.any():
@@ -221,14 +226,31 @@ def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
 
 
 def _settle(marks: list[int], start: np.ndarray, ended: np.ndarray) -> list[int]:
-    """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it: the phase is
-    an average over all iterations, so an iteration a kernel longer shifts it by one for the
-    iterations before. (The capture's first kernel has no gap before it to tell: a capture that
-    opens exactly on an iteration may see its first boundary a kernel or two late.)"""
+    """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it (the first
+    such kernel among equals): the phase is an average over all iterations, so an iteration a
+    kernel longer shifts it by one for the iterations before. (The capture's first kernel has no
+    gap before it to tell: a capture that opens exactly on an iteration may see its first boundary
+    a kernel or two late.)"""
+    at = np.asarray(marks, dtype=np.int64)
+    if start.size < 2 or (at.size > 1 and int(np.diff(at).min()) <= 2 * SETTLE_KERNELS):
+        return _settle_one_by_one(marks, start, ended)  # windows that touch: each after the one before
+    # Windows apart: all at once. Kernels outside the capture count as less idle than any.
+    positions = at[:, None] + np.arange(-SETTLE_KERNELS, SETTLE_KERNELS + 1)[None, :]
+    inside = (positions >= 0) & (positions < start.size)
+    safe = np.clip(positions, 1, start.size - 1)
+    idle = np.maximum(0, start[safe] - ended[safe - 1])
+    idle = np.where(positions == 0, 0, idle)
+    idle = np.where(inside, idle, -1)
+    return (positions[np.arange(at.size), np.argmax(idle, axis=1)]).tolist()
+
+
+def _settle_one_by_one(marks: list[int], start: np.ndarray, ended: np.ndarray) -> list[int]:
     settled: list[int] = []
     for mark in marks:
         lo = max(settled[-1] + 1 if settled else 0, mark - SETTLE_KERNELS)
         hi = min(start.size, mark + SETTLE_KERNELS + 1)
+        if lo >= hi:  # the boundary before took the last kernels it could move to: one iteration with it
+            continue
         settled.append(lo + int(np.argmax(_idle_at(start, ended, lo, hi))))
     return settled
 
@@ -250,10 +272,29 @@ def boundaries(
     first = _phase(_idle_at(start, ended, 0, prefix), period, None if optimizer is None else optimizer[:prefix])
     slack = _slack(period)
     marks = [first]
+    # Where an iteration repeats the one before exactly (its first ``ALIGN_KERNELS`` kernels equal
+    # those one period earlier), _align keeps the period: those marks are taken in bulk.
+    length = min(ALIGN_KERNELS, period)
+    mismatches = np.zeros(max(n - period, 0) + 1, dtype=np.int64)
+    if n > period:
+        np.cumsum(names[period:] != names[:-period], out=mismatches[1:])
     while True:
+        mark = marks[-1]
+        targets = mark + period * np.arange(1, BULK_MARKS + 1, dtype=np.int64)
+        targets = targets[targets < n]
+        if targets.size == 0:
+            break
+        sources = targets - period
+        ends = np.minimum(sources + length, mismatches.size - 1)
+        repeats = (targets + length > n) | (mismatches[ends] == mismatches[sources])
+        broken = np.flatnonzero(~repeats)
+        taken = targets if broken.size == 0 else targets[: broken[0]]
+        marks.extend(taken.tolist())
+        if broken.size == 0:
+            continue
         target = marks[-1] + period
         lo, hi = max(marks[-1] + 1, target - slack), min(n, target + slack + 1)
-        if target >= n or lo >= hi:
+        if lo >= hi:
             break
         marks.append(_align(names, marks[-1], target, lo, hi))
     marks = _settle(marks, start, ended)

@@ -1,0 +1,83 @@
+"""The bulk paths of step inference give what the one-at-a-time definitions give.
+
+``boundaries`` takes the marks of iterations that repeat the one before exactly in bulk, and
+``_settle`` moves boundaries whose windows do not touch all at once; both must equal the plain
+loops (``_align`` per iteration, ``_settle_one_by_one``) on any sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from traceguard.metrics import step_inference as si
+
+
+def _boundaries_by_loop(names: np.ndarray, start: np.ndarray, end: np.ndarray, period: int) -> list[tuple[int, int]]:
+    """``boundaries`` as first written: one ``_align`` per iteration, then the settling loop."""
+    n = start.size
+    ended = np.maximum.accumulate(end)
+    prefix = min(n, max(si.SEARCH_PREFIX, 2 * period))
+    first = si._phase(si._idle_at(start, ended, 0, prefix), period, None)
+    slack = si._slack(period)
+    marks = [first]
+    while True:
+        target = marks[-1] + period
+        lo, hi = max(marks[-1] + 1, target - slack), min(n, target + slack + 1)
+        if target >= n or lo >= hi:
+            break
+        marks.append(si._align(names, marks[-1], target, lo, hi))
+    marks = si._settle_one_by_one(marks, start, ended)
+    steps = list(itertools.pairwise(marks))
+    if n - marks[-1] >= period - slack:
+        steps.append((marks[-1], n))
+    return steps
+
+
+@st.composite
+def sequences(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """An iteration of ``period`` kernel names repeated, with some names changed, kernels
+    dropped or added here and there, and random durations and gaps."""
+    period = draw(st.integers(2, 40))
+    repeats = draw(st.integers(2, 30))
+    base = draw(st.lists(st.integers(0, 12), min_size=period, max_size=period))
+    names = np.array(base * repeats, dtype=np.int64)
+    for _ in range(draw(st.integers(0, 8))):
+        at = draw(st.integers(0, names.size - 1))
+        edit = draw(st.sampled_from(["change", "drop", "add"]))
+        if edit == "change":
+            names[at] = draw(st.integers(0, 12))
+        elif edit == "drop" and names.size > 2 * period:
+            names = np.delete(names, at)
+        elif edit == "add":
+            names = np.insert(names, at, draw(st.integers(0, 12)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    gaps = rng.integers(0, 50, names.size)
+    durations = rng.integers(1, 100, names.size)
+    start = np.cumsum(gaps + np.concatenate([[0], durations[:-1]]))
+    return names, start.astype(np.int64), (start + durations).astype(np.int64), period
+
+
+@settings(max_examples=300, deadline=None)
+@given(sequences())
+def test_boundaries_equal_the_one_by_one_loop(sequence: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
+    names, start, end, period = sequence
+    assert si.boundaries(names, start, end, period) == _boundaries_by_loop(names, start, end, period)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(2 * si.SETTLE_KERNELS + 1, 40), min_size=1, max_size=30), st.integers(0, 2**32 - 1))
+def test_settle_at_once_equals_one_by_one(spacing: list[int], seed: int) -> None:
+    """Boundaries as ``boundaries`` makes them: more than a settling window apart (closer ones
+    are settled one by one by ``_settle`` itself)."""
+    marks = np.cumsum(spacing).tolist()
+    marks = [m - marks[0] + spacing[0] % 3 for m in marks]  # the first one at 0, 1 or 2
+    rng = np.random.default_rng(seed)
+    n = max(marks) + rng.integers(1, 5)
+    start = np.cumsum(rng.integers(0, 30, n)).astype(np.int64)
+    end = start + rng.integers(1, 60, n)
+    ended = np.maximum.accumulate(end)
+    assert si._settle(marks, start, ended) == si._settle_one_by_one(marks, start, ended)
