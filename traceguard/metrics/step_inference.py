@@ -273,25 +273,28 @@ def boundaries(
     slack = _slack(period)
     marks = [first]
     # Where an iteration repeats the one before exactly (its first ``ALIGN_KERNELS`` kernels equal
-    # those one period earlier), _align keeps the period: those marks are taken in bulk.
+    # those one period earlier), _align keeps the period: such marks are checked and taken in
+    # batches that double while the repetition holds (one at a time where it does not).
     length = min(ALIGN_KERNELS, period)
-    mismatches = np.zeros(max(n - period, 0) + 1, dtype=np.int64)
-    if n > period:
-        np.cumsum(names[period:] != names[:-period], out=mismatches[1:])
+    offsets = np.arange(length, dtype=np.int64)
+    batch = 1
     while True:
         mark = marks[-1]
-        targets = mark + period * np.arange(1, BULK_MARKS + 1, dtype=np.int64)
+        targets = mark + period * np.arange(1, batch + 1, dtype=np.int64)
         targets = targets[targets < n]
         if targets.size == 0:
             break
-        sources = targets - period
-        ends = np.minimum(sources + length, mismatches.size - 1)
-        repeats = (targets + length > n) | (mismatches[ends] == mismatches[sources])
+        whole = targets[targets + length <= n]  # a window past the end: _align keeps the period
+        windows = names[whole[:, None] + offsets[None, :]] == names[(whole - period)[:, None] + offsets[None, :]]
+        repeats = np.ones(targets.size, dtype=bool)
+        repeats[: whole.size] = windows.all(axis=1)
         broken = np.flatnonzero(~repeats)
-        taken = targets if broken.size == 0 else targets[: broken[0]]
-        marks.extend(taken.tolist())
         if broken.size == 0:
+            marks.extend(targets.tolist())
+            batch = min(2 * batch, BULK_MARKS)
             continue
+        marks.extend(targets[: broken[0]].tolist())
+        batch = 1
         target = marks[-1] + period
         lo, hi = max(marks[-1] + 1, target - slack), min(n, target + slack + 1)
         if lo >= hi:
