@@ -326,13 +326,19 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
     the kernels (to recognise the optimizer's)."""
     optimizer_ids = optimizer_name_ids(strings).cast(pl.Int32)
     first_starts = (
-        gpu_ops.lazy().filter(pl.col("pid").is_not_null()).group_by("pid").agg(pl.col("start").min()).collect()
+        gpu_ops.lazy()
+        .filter(pl.col("pid").is_not_null())
+        .group_by("pid")
+        .agg(pl.col("start").min(), pl.col("rank").first())
+        .collect()
     )
     of_process_ops_start = dict(zip(first_starts["pid"].to_list(), first_starts["start"].to_list(), strict=True))
+    # The rank column is one value per process (ingest sets it per rank).
+    rank_of = dict(zip(first_starts["pid"].to_list(), first_starts["rank"].to_list(), strict=True))
     kernels = (
         gpu_ops.lazy()
         .filter((pl.col("kind") == "kernel") & pl.col("start").is_not_null() & pl.col("end").is_not_null())
-        .select("rank", "pid", "device", "start", "end", "name_id")
+        .select("pid", "device", "start", "end", "name_id")
         .collect()
     )
     rows: list[dict[str, object]] = []
@@ -343,7 +349,8 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
         # One process per rank is the rule: no copy of the kernels then.
         of_process = kernels if alone else kernels.filter(pl.col("pid") == pid)
         sequence = _busiest_device(of_process)
-        names = sequence["name_id"].fill_null(-1).to_numpy()
+        name_ids = sequence["name_id"]
+        names = (name_ids.fill_null(-1) if name_ids.null_count() else name_ids).to_numpy()
         period = find_period(names)
         if period is None:
             continue
@@ -356,7 +363,7 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
         if len(spans) < MIN_PERIODS:
             continue
         periods[pid] = period
-        rank = sequence["rank"][0]
+        rank = rank_of[pid]
         # A step begins where the GPU fell idle before its first kernel: the copies that feed an
         # iteration (its input batch) run in that gap and belong to it.
         first_op = int(of_process_ops_start[pid])
