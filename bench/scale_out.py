@@ -92,6 +92,9 @@ class TreeSampler:
     roots: list[int]
     interval: float = 0.05
     tree_peak: int = 0
+    #: The largest Σ PSS over the tree at one sample: each shared page (the interpreter's and
+    #: Polars' libraries, mapped by every process) counted once, split among its sharers.
+    tree_pss_peak: int = 0
     process_peak: int = 0
     process_peak_name: str = ""
     samples: int = 0
@@ -127,9 +130,10 @@ class TreeSampler:
         return list(out.values())
 
     def sample(self) -> None:
-        total = 0
+        total = pss_total = 0
         for proc in self._procs():
             try:
+                pss_total += _pss(proc.pid)
                 rss = proc.memory_info().rss
                 name = self.names.get(proc.pid) or self._name(proc)
                 hwm = _vm_hwm(proc.pid)
@@ -143,6 +147,7 @@ class TreeSampler:
             if hwm:
                 self.hwm[proc.pid] = (name, hwm)
         self.tree_peak = max(self.tree_peak, total)
+        self.tree_pss_peak = max(self.tree_pss_peak, pss_total)
         self.samples += 1
 
     def _name(self, proc: psutil.Process) -> str:
@@ -232,6 +237,7 @@ def run_measured(cmd: list[str], log_stem: Path, *, extra_roots: list[int] = (),
         "wall_s": round(wall, 3),
         "cpu_s": round(cpu, 3),
         "tree_peak_mb": round(sampler.tree_peak / 1e6, 1),
+        "tree_pss_peak_mb": round(sampler.tree_pss_peak / 1e6, 1),
         "process_peak_mb": round(max(sampler.process_peak, sampler.hwm_peak, root_hwm) / 1e6, 1),
         "process_peak_sampled_mb": round(sampler.process_peak / 1e6, 1),
         "process_peak_name": sampler.process_peak_name,
@@ -557,6 +563,18 @@ def machine_facts(sched: bool) -> dict:
     }
 
 
+def _pss(pid: int) -> int:
+    """The process's proportional set size (bytes), from ``/proc/PID/smaps_rollup``; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
 def summarise(reps: list[dict]) -> dict:
     walls = [r["wall_s"] for r in reps]
     cpus = [r.get("cpu_s", 0.0) for r in reps]
@@ -566,6 +584,7 @@ def summarise(reps: list[dict]) -> dict:
         "cpu_s_min": min(cpus),
         "cpu_s_median": round(statistics.median(cpus), 3),
         "tree_peak_mb": max(r["tree_peak_mb"] for r in reps),
+        "tree_pss_peak_mb": max(r.get("tree_pss_peak_mb", 0.0) for r in reps),
         "process_peak_mb": max(r["process_peak_mb"] for r in reps),
         "loadavg_1m_before": [r["loadavg_1m_before"] for r in reps],
         "ok": all(r["rc"] == 0 for r in reps),
@@ -661,6 +680,19 @@ def write_markdown(doc: dict, path: Path) -> None:
                 + ("" if s["ok"] else " (a command failed: see logs)")
                 + " |"
             )
+        pss = [
+            f"`{name}` {c['summary']['tree_pss_peak_mb']:.0f} MB"
+            + (f" ({c['summary']['tree_pss_peak_mb'] / largest:.2f}× the largest rank)" if largest else "")
+            for name, c in run["cases"].items()
+            if name != "one_by_one" and c["summary"].get("tree_pss_peak_mb")
+        ]
+        if pss:
+            lines += [
+                "",
+                "- Peak of Σ PSS over the process tree (the tree's own memory: a page shared by several processes, "
+                "such as the interpreter's and Polars' libraries, counted once; Σ RSS counts it in every process): "
+                + "; ".join(pss),
+            ]
         ident = run["identical"]
         lines += [
             "",
