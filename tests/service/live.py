@@ -23,6 +23,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def store_env(data_dir: Path, database_url: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that points a traceguard process at one store (as compose does)."""
+    env = {**os.environ, **(extra or {}), "TRACEGUARD_DATA_DIR": str(data_dir)}
+    env.pop("TRACEGUARD_DATABASE_URL", None)
+    if database_url:
+        env["TRACEGUARD_DATABASE_URL"] = database_url
+    return env
+
+
 @dataclass
 class LiveServer:
     data_dir: Path
@@ -40,10 +49,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> LiveServer:
-        env = {**os.environ, **self.env, "TRACEGUARD_DATA_DIR": str(self.data_dir)}
-        env.pop("TRACEGUARD_DATABASE_URL", None)
-        if self.database_url:
-            env["TRACEGUARD_DATABASE_URL"] = self.database_url
+        env = store_env(self.data_dir, self.database_url, self.env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.data_dir.parent / f"serve-{self.port}-{time.monotonic_ns()}.log"
         with self.log.open("wb") as log:

@@ -3,7 +3,6 @@ worker tests and the worker benchmark (bench/service_workers.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -12,18 +11,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from tests.service.live import REPO, LiveServer
+from tests.service.live import REPO, LiveServer, store_env
 
 
-def store_env(data_dir: Path, database_url: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment that points a traceguard process at one store (as compose does)."""
-    env = {**os.environ, **(extra or {}), "TRACEGUARD_DATA_DIR": str(data_dir)}
-    env.pop("TRACEGUARD_DATABASE_URL", None)
-    if database_url:
-        env["TRACEGUARD_DATABASE_URL"] = database_url
-    return env
+def _processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every process, from ``/proc/PID/stat``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
+    return found
 
 
 def running(pid: int) -> bool:
@@ -38,33 +38,7 @@ def running(pid: int) -> bool:
 class ApiOnly(LiveServer):
     """``traceguard serve --no-workers``: uploads queue jobs, nothing in this process runs them."""
 
-    def start(self, timeout: float = 60) -> ApiOnly:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.data_dir.parent / f"serve-{self.port}-{time.monotonic_ns()}.log"
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "traceguard.cli", "serve", "--no-workers", "--port", str(self.port)],
-                cwd=REPO,
-                env=store_env(self.data_dir, self.database_url, self.env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"traceguard serve exited: {self.output()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"traceguard serve did not become ready: {self.output()[-3000:]}")
-        found = re.search(r"\b(tg_[A-Za-z0-9_-]{40,})\b", self.output())
-        if found:
-            self.admin_token = found.group(1)
-        return self
+    args: list[str] = field(default_factory=lambda: ["--no-workers"])
 
 
 @dataclass
@@ -133,29 +107,13 @@ class LiveWorker:
 
     def children(self) -> list[int]:
         """Pids of the analysis processes this worker started and that still run."""
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.pid:
-                found.append(int(stat.parent.name))
-        return found
+        return [pid for pid, parent, _ in _processes() if parent == self.pid]
 
     def analysis_tree(self) -> list[int]:
         """Pids of the analysis processes this worker started and of everything they started (each
         analysis leads its own process group: its map's pool processes are in it)."""
         leaders = set(self.children())
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) in leaders:
-                found.append(int(stat.parent.name))
-        return found
+        return [pid for pid, _, group in _processes() if group in leaders]
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
