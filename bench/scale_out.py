@@ -171,16 +171,26 @@ class TreeSampler:
         return max((v for _, v in self.hwm.values()), default=0)
 
 
-def _vm_hwm(pid: int) -> int:
-    """``VmHWM`` of ``pid`` in bytes (0 when unreadable)."""
+def _proc_kib(pid: int, name: str, key: str) -> int:
+    """The ``key:`` line (kB) of ``/proc/PID/<name>``, in bytes; 0 when the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
+        with open(f"/proc/{pid}/{name}") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def _vm_hwm(pid: int) -> int:
+    """The kernel's high-water mark of the process's RSS (``VmHWM``), in bytes."""
+    return _proc_kib(pid, "status", "VmHWM")
+
+
+def _pss(pid: int) -> int:
+    """The process's proportional set size (shared pages split among their sharers), in bytes."""
+    return _proc_kib(pid, "smaps_rollup", "Pss")
 
 
 def tree_cpu_s(roots: list[int]) -> float:
@@ -561,18 +571,6 @@ def machine_facts(sched: bool) -> dict:
         "traceguard_sources_dirty": bool(_sh(["git", "status", "--porcelain", "--", "traceguard"])),
         "scheduler_option": sched,
     }
-
-
-def _pss(pid: int) -> int:
-    """The process's proportional set size (bytes), from ``/proc/PID/smaps_rollup``; 0 if gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return 0
-    return 0
 
 
 def summarise(reps: list[dict]) -> dict:
