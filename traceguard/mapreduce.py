@@ -453,9 +453,6 @@ def _stands(outcome: MapOutcome, assignment: RankAssignment, ranks_analysed: int
 
 
 def _concat_copies(parts: Iterable[pl.DataFrame]) -> pl.DataFrame:
+    """The ranks' copy summaries as one frame (formats may type a column differently: relaxed)."""
     frames = [p for p in parts if p.height]
-    if not frames:
-        return pl.DataFrame()
-    with contextlib.suppress(pl.exceptions.SchemaError):
-        return pl.concat(frames, how="vertical_relaxed")
-    return pl.concat(frames, how="diagonal_relaxed")
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
