@@ -25,7 +25,9 @@ def _reduce_whole(start: np.ndarray, end: np.ndarray, limit: int) -> tuple[np.nd
         return start, end, busy
     gaps = start[1:] - end[:-1]
     closed = np.zeros(n - 1, dtype=bool)
-    closed[np.argpartition(gaps, n - limit - 1)[: n - limit]] = True
+    # Ties: among equal gaps at the cut the earlier stays open (the rule SegmentReducer made
+    # deterministic; argpartition picked arbitrarily among them, so these lanes' ties changed).
+    closed[np.lexsort((np.arange(n - 1), -gaps))[limit - 1 :]] = True
     heads = np.flatnonzero(np.concatenate([[True], ~closed]))
     tails = np.append(heads[1:] - 1, n - 1)
     return start[heads], end[tails], np.add.reduceat(busy, heads)

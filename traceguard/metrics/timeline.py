@@ -16,7 +16,9 @@ Lanes, over the rank's analysis window (the ops the metrics count), times in ns 
 
 A screen shows a couple of thousand segments per lane, a 10 M-kernel capture has millions: when a
 lane's union has more than ``max_segments`` pieces, the shortest gaps are closed until it has
-``max_segments`` (the longest gaps — the idle time worth seeing — stay open). Every segment keeps
+``max_segments`` (the ``max_segments - 1`` longest gaps — the idle time worth seeing — stay open;
+among equal gaps the earlier one stays open, so the lane does not depend on how its segments were
+fed: :class:`SegmentReducer` reduces a chunk at a time to the same lane). Every segment keeps
 ``busy``: the ns of the lane's union inside it, so a merged segment still says how full it was
 (``busy == end - start`` for an unmerged one). ``merged_from`` is the lane's piece count before.
 """
@@ -86,32 +88,162 @@ def subtract_intervals(
 def reduce_segments(
     start: np.ndarray, end: np.ndarray, limit: int, labels: Sequence[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str] | None]:
-    """At most ``limit`` segments: close the shortest gaps. Returns (start, end, busy, labels);
-    a merged run of labelled segments is labelled ``first … last (n)``."""
-    n = start.size
-    if n <= limit:
-        return start, end, end - start, list(labels) if labels is not None else None
-    gaps = start[1:] - end[:-1]
-    closed = np.zeros(n - 1, dtype=bool)
-    closed[np.argpartition(gaps, n - limit - 1)[: n - limit]] = True
-    heads = np.flatnonzero(np.concatenate([[True], ~closed]))
-    tails = np.append(heads[1:] - 1, n - 1)
-    # A merged run's busy time is its extent less the gaps closed inside it (the sum of its
-    # segments' lengths, without an array of every segment's length).
-    gaps[~closed] = 0
-    del closed
-    inner = np.zeros(heads.size, dtype=np.int64)
-    within = heads < n - 1  # a run starting at the last segment has no gap inside
-    if within.any():
-        inner[within] = np.add.reduceat(gaps, heads[within])
-    busy = end[tails] - start[heads] - inner
-    merged_labels = None
-    if labels is not None:
-        merged_labels = [
-            labels[h] if h == t else f"{labels[h]} … {labels[t]} ({t - h + 1})"
-            for h, t in zip(heads.tolist(), tails.tolist(), strict=True)
+    """At most ``limit`` segments (``limit >= 1``) of disjoint sorted segments: the ``limit - 1``
+    longest gaps stay open (the earlier among equal ones), the others close. Returns (start, end,
+    busy, labels): ``busy`` is the ns of the given segments inside each returned one; a merged run
+    of labelled segments is labelled ``first … last (n)``. :class:`SegmentReducer` fed once: the
+    same code as a lane reduced a chunk at a time."""
+    reducer = SegmentReducer(limit, labelled=labels is not None)
+    reducer.feed(start, end, labels)
+    return reducer.result()
+
+
+def _objects(values: list[str]) -> np.ndarray:
+    """A 1-d object array of strings (``np.array`` of a list could make a 2-d or ``<U`` one)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+class SegmentReducer:
+    """:func:`reduce_segments` of a lane fed a chunk of segments at a time, in time order: the same
+    segments, busy time and labels as one call on all of them, with only ``limit - 1`` candidate
+    open gaps kept (never every segment).
+
+    Gap ``i`` is ``start[i + 1] - end[i]`` (``i``: the position, over all chunks, of the segment
+    before it). The ``limit - 1`` largest gaps stay open, among equal gaps the lower position; the
+    rest close. That order is total, so the open gaps of everything fed are the first
+    ``limit - 1`` of (those kept from the chunks before) ∪ (the gap between the chunks) ∪ (this
+    chunk's own first ``limit - 1``): each chunk selects its own (vectorized) and merges them.
+
+    Each candidate keeps what rebuilds the runs around it: the gap (ns), its position, the end of
+    the segment before it and the start of the one after, ``through`` (the busy ns of the segments
+    up to and including the one before it) and the labels on either side. The runs are then the
+    stretches between open gaps; a run's busy time is the difference of ``through`` at its ends."""
+
+    def __init__(self, limit: int, labelled: bool = False) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        self.keep = limit - 1  # open gaps at most
+        self.labelled = labelled
+        self.count = 0  # segments fed
+        self.busy = 0  # ns of the segments fed
+        self.first_start = 0  # the first segment's start, the last one's end (valid once count > 0)
+        self.last_end = 0
+        self.first_label = ""
+        self.last_label = ""
+        # The candidates, one entry per gap, in no particular order.
+        empty = np.empty(0, dtype=np.int64)
+        self.gap, self.pos, self.end_before, self.start_after, self.through = empty, empty, empty, empty, empty
+        self.label_before = self.label_after = _objects([])
+
+    def feed(self, start: np.ndarray, end: np.ndarray, labels: Sequence[str] | None = None) -> None:
+        """Add a chunk of disjoint sorted segments ``[start, end)``, starting at or after the last
+        end fed; ``labels`` (one per segment) exactly when the reducer is ``labelled``."""
+        start = np.asarray(start, dtype=np.int64)
+        end = np.asarray(end, dtype=np.int64)
+        if start.ndim != 1 or start.shape != end.shape:
+            raise ValueError(f"start and end must be 1-d of one size, not {start.shape} and {end.shape}")
+        if (labels is not None) != self.labelled:
+            raise ValueError("labels are needed exactly when the reducer is labelled")
+        if labels is not None and len(labels) != start.size:
+            raise ValueError(f"{len(labels)} labels for {start.size} segments")
+        size = start.size
+        if size == 0:
+            return
+        if self.count and int(start[0]) < self.last_end:
+            raise ValueError(f"a chunk starts at {int(start[0])}, before the last end fed ({self.last_end})")
+        gaps = start[1:] - end[:-1]
+        local = self._select(gaps)
+        # Busy ns of this chunk's segments up to and including segment q: its extent to end[q]
+        # less the gaps before q (sums between selected positions: no array of every length).
+        if local.size:
+            parts = np.add.reduceat(gaps, local)
+            head = int(gaps[: local[0]].sum())
+            before = head + np.concatenate([[0], np.cumsum(parts[:-1])])
+            gap_sum = head + int(parts.sum())
+        else:
+            before = np.empty(0, dtype=np.int64)
+            gap_sum = int(gaps.sum())
+        new_gap = [gaps[local]]
+        new_pos = [self.count + local]
+        new_end = [end[local]]
+        new_start = [start[local + 1]]
+        new_through = [self.busy + end[local] - int(start[0]) - before]
+        new_before = [labels[i] for i in local.tolist()] if labels is not None else []
+        new_after = [labels[i + 1] for i in local.tolist()] if labels is not None else []
+        if self.count and self.keep:  # the gap between the previous chunk and this one
+            new_gap.append(np.array([int(start[0]) - self.last_end]))
+            new_pos.append(np.array([self.count - 1]))
+            new_end.append(np.array([self.last_end]))
+            new_start.append(start[:1])
+            new_through.append(np.array([self.busy]))
+            if labels is not None:
+                new_before.append(self.last_label)
+                new_after.append(labels[0])
+        self._merge(
+            np.concatenate([self.gap, *new_gap]),
+            np.concatenate([self.pos, *new_pos]),
+            np.concatenate([self.end_before, *new_end]),
+            np.concatenate([self.start_after, *new_start]),
+            np.concatenate([self.through, *new_through]),
+            np.concatenate([self.label_before, _objects(new_before)]),
+            np.concatenate([self.label_after, _objects(new_after)]),
+        )
+        if not self.count:
+            self.first_start = int(start[0])
+            self.first_label = labels[0] if labels is not None else ""
+        self.count += size
+        self.busy += int(end[-1]) - int(start[0]) - gap_sum
+        self.last_end = int(end[-1])
+        self.last_label = labels[-1] if labels is not None else ""
+
+    def _select(self, gaps: np.ndarray) -> np.ndarray:
+        """The positions (ascending) of the first ``keep`` of ``gaps`` by (largest, earliest)."""
+        k, m = self.keep, gaps.size
+        if m <= k:
+            return np.arange(m)
+        if k == 0:
+            return np.empty(0, dtype=np.int64)
+        cut = np.partition(gaps, m - k)[m - k]  # the k-th largest gap
+        chosen = np.flatnonzero(gaps >= cut)
+        if chosen.size > k:  # more gaps equal to the cut than places: the earliest of them stay
+            equal = np.flatnonzero(gaps[chosen] == cut)
+            chosen = np.delete(chosen, equal[equal.size - (chosen.size - k) :])
+        return chosen
+
+    def _merge(self, *candidates: np.ndarray) -> None:
+        """Keep the first ``keep`` candidates by (largest gap, earliest position)."""
+        gap, pos = candidates[0], candidates[1]
+        if gap.size > self.keep:
+            order = np.lexsort((pos, -gap))[: self.keep]
+            # (The label arrays of an unlabelled reducer stay empty.)
+            candidates = tuple(c[order] if c.size else c for c in candidates)
+        (self.gap, self.pos, self.end_before, self.start_after, self.through, self.label_before, self.label_after) = (
+            candidates
+        )
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str] | None]:
+        """(start, end, busy, labels) of the reduced lane, as :func:`reduce_segments` returns them."""
+        n = self.count
+        if n == 0:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty.copy(), empty.copy(), [] if self.labelled else None
+        order = np.argsort(self.pos)
+        pos = self.pos[order]
+        start = np.concatenate([[self.first_start], self.start_after[order]]).astype(np.int64)
+        end = np.concatenate([self.end_before[order], [self.last_end]]).astype(np.int64)
+        busy = np.diff(np.concatenate([self.through[order], [self.busy]]).astype(np.int64), prepend=0)
+        if not self.labelled:
+            return start, end, busy, None
+        heads = [0, *(pos + 1).tolist()]
+        tails = [*pos.tolist(), n - 1]
+        first = [self.first_label, *self.label_after[order].tolist()]
+        last = [*self.label_before[order].tolist(), self.last_label]
+        labels = [
+            a if h == t else f"{a} … {b} ({t - h + 1})" for a, b, h, t in zip(first, last, heads, tails, strict=True)
         ]
-    return start[heads], end[tails], busy, merged_labels
+        return start, end, busy, labels
 
 
 def _lane(
