@@ -23,6 +23,7 @@ too low and let a check pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -73,21 +74,43 @@ def graph_launch_name_ids(strings: pl.DataFrame) -> pl.Series:
     return strings.filter(pl.col("value").str.contains(GRAPH_LAUNCH))["id"]
 
 
+def launched_by_graph(ops: pl.DataFrame, strings: pl.DataFrame) -> pl.Expr:
+    """Per op: not a graph execution, launched by a graph-launch API call (node-level tracing)."""
+    if "launch_name_id" not in ops.columns:
+        return pl.lit(False)
+    ids = graph_launch_name_ids(strings).cast(ops.schema["launch_name_id"])
+    if not ids.len():
+        return pl.lit(False)
+    return (pl.col("kind") != "graph") & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
+
+
+#: What :func:`summary` asks ``busy`` for: the union ns over devices of the window's graph
+#: executions, of its graph-launched ops, and of all its ops.
+BUSY_PARTS = ("graph", "launched", "all")
+
+
 def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict[str, Any]:
     """Graph executions and graph-launched ops of the window (``ops`` where ``mask``). Counts
     first, over two columns (a 10 M-op capture without graphs pays one pass, no copy); the unions
     only when there are graphs."""
     is_graph = pl.col("kind") == "graph"
     in_window = pl.lit(mask.fill_null(False))
-    launched = pl.lit(False)
-    if "launch_name_id" in ops.columns:
-        ids = graph_launch_name_ids(strings).cast(ops.schema["launch_name_id"])
-        if ids.len():
-            launched = ~is_graph & pl.col("launch_name_id").is_in(ids.implode()).fill_null(False)
+    launched = launched_by_graph(ops, strings)
     counts = ops.select((is_graph & in_window).sum().alias("g"), (launched & in_window).sum().alias("l")).row(0)
-    graph_count, launched_count = int(counts[0] or 0), int(counts[1] or 0)
+    conditions = {"graph": is_graph, "launched": launched, "all": pl.lit(True)}
+
+    def busy(part: str) -> int:
+        frame = ops.lazy().filter(conditions[part] & in_window).select("device", "start", "end")
+        return int(union_ns(frame.drop_nulls(["start", "end"]), ["device"]).collect()["union_ns"].sum() or 0)
+
+    return summary(int(counts[0] or 0), int(counts[1] or 0), busy)
+
+
+def summary(graph_count: int, launched_count: int, busy: Callable[[str], int]) -> dict[str, Any]:
+    """The window's graph summary from its counts of graph executions and graph-launched ops;
+    ``busy`` (one of :data:`BUSY_PARTS` → ns) is asked only when there are any."""
     mode = "mixed" if graph_count and launched_count else "graph" if graph_count else "node" if launched_count else None
-    summary: dict[str, Any] = {
+    result: dict[str, Any] = {
         "cuda_graph_trace": mode,
         "graph_executions": graph_count,
         "graph_ns": 0,
@@ -96,16 +119,11 @@ def summarize(ops: pl.DataFrame, mask: pl.Series, strings: pl.DataFrame) -> dict
         "gpu_busy_ns": None,
     }
     if mode is None:
-        return summary
-
-    def busy(condition: pl.Expr) -> int:
-        frame = ops.lazy().filter(condition & in_window).select("device", "start", "end").drop_nulls(["start", "end"])
-        return int(union_ns(frame, ["device"]).collect()["union_ns"].sum() or 0)
-
-    summary["graph_ns"] = busy(is_graph) if graph_count else 0
-    summary["graph_launched_ns"] = busy(launched) if launched_count else 0
-    summary["gpu_busy_ns"] = busy(pl.lit(True))
-    return summary
+        return result
+    result["graph_ns"] = busy("graph") if graph_count else 0
+    result["graph_launched_ns"] = busy("launched") if launched_count else 0
+    result["gpu_busy_ns"] = busy("all")
+    return result
 
 
 def hidden_reason(summary: dict[str, Any]) -> str:

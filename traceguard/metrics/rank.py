@@ -6,7 +6,7 @@ A metric the capture cannot support is ``None`` with its reason in ``null_reason
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +98,18 @@ def analyse_rank(
     # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
     # Two threads, not more: each holds its temporaries, and two cores keep two busy.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        step_table = pool.submit(_step_rows, steps, phases, ops, spans, gpu_timed=resolved.gpu_timed)
+        step_table = pool.submit(
+            lambda: _step_rows(steps, phases, step_pieces(ops, phases), spans, gpu_timed=resolved.gpu_timed)
+        )
         nccl_in_window = nccl_kernels.filter(mask.gather(nccl_rows))
-        m, null, nccl_ops = _window_metrics(capture, ops, mask, window, steps, nccl_kernels, nccl_in_window)
+        m, null, nccl_ops = _window_metrics(
+            capture,
+            window_sums(ops, window),
+            steps,
+            nccl_kernels,
+            nccl_in_window,
+            lambda: nccl.exposed_time(ops, mask),
+        )
         # The union of the window's compute kernels per device: read by the timeline and the
         # per-collective breakdown alike, built once, in slices.
         compute_segments = compute_union(ops, mask)
@@ -133,7 +142,7 @@ def analyse_rank(
     if not info.has_gpu_trace:
         _null_gpu_metrics(m, null)
 
-    models = _gpu_models(capture, window)
+    models = _gpu_models(capture, window.select(pl.col("device").unique()).collect().to_series())
     by_type, peers = collectives.breakdown(
         rank,
         ops,
@@ -166,7 +175,7 @@ def analyse_rank(
         steps=step_rows,
         collectives=nccl.collective_table(nccl_ops, ranks_analysed),
         gpu_to_cpu_offenders=_offenders(window, capture),
-        health={**_health(capture, ops, steps), **graph_summary},
+        health={**_health(capture, steps, op_counts(ops)), **graph_summary},
         gpu_models=models,
         spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
         step_source=resolved.source,
@@ -188,20 +197,40 @@ def _step_detail(resolved: ResolvedSteps) -> str | None:
     return None
 
 
+@dataclass
+class WindowSums:
+    """The analysis window's additive facts that read every op (:func:`window_sums`); the sliced
+    analysis adds them up a time slice at a time."""
+
+    #: metrics.copies.copy_counts of the window.
+    counts: dict[str, int]
+    #: metrics.copies.pageable_bytes of the window: (pageable, known host bytes, known copies).
+    pageable: tuple[int, int, int]
+    #: Σ bytes of the device-to-device copies inside the steps (window or not).
+    dtod_step_bytes: int
+
+
+def window_sums(ops: pl.DataFrame, window: pl.LazyFrame) -> WindowSums:
+    dtod_in_steps = ops.lazy().filter(pl.col("step_id").is_not_null() & (pl.col("copy_kind") == "DtoD"))
+    dtod = int(dtod_in_steps.select(pl.col("bytes").sum()).collect().item() or 0)
+    return WindowSums(copies.copy_counts(window), copies.pageable_bytes(window), dtod)
+
+
 def _window_metrics(
     capture: Capture,
-    ops: pl.DataFrame,
-    mask: pl.Series,
-    window: pl.LazyFrame,
+    sums: WindowSums,
     steps: pl.DataFrame,
     nccl_kernels: pl.DataFrame,
     nccl_in_window: pl.DataFrame,
+    exposed: Callable[[], int],
 ) -> tuple[dict[str, Any], dict[str, str], pl.DataFrame]:
     """The copy, payload and NCCL-kernel metrics, their null reasons, and the NCCL kernels of
-    the window (with their collective). ``nccl_kernels``: the NCCL kernels of ``ops``, in its
-    order, ``msg_bytes`` filled (:func:`_with_nccl_payload`); ``nccl_in_window``: those ``mask`` keeps."""
+    the window (with their collective). ``nccl_kernels``: the NCCL kernels of the ops, in their
+    order, ``msg_bytes`` filled (:func:`_with_nccl_payload`); ``nccl_in_window``: those in the
+    window; ``exposed``: the window's exposed NCCL ns (metrics.nccl.exposed_time), asked only
+    when the window has NCCL kernels."""
     null: dict[str, str] = {}
-    m: dict[str, Any] = copies.copy_counts(window)
+    m: dict[str, Any] = dict(sums.counts)
     gpu_ops = m["gpu_ops"]
     m["gpu_to_cpu_copy_rate"] = (m["gpu_to_cpu_copies"] / gpu_ops) if gpu_ops else None
     if m["gpu_to_cpu_copy_rate"] is None:
@@ -209,8 +238,7 @@ def _window_metrics(
 
     step_count = steps.height
     m["step_count"] = step_count
-    dtod_in_steps = ops.filter(pl.col("step_id").is_not_null() & (pl.col("copy_kind") == "DtoD"))
-    dtod_step_bytes = int(dtod_in_steps["bytes"].sum() or 0)
+    dtod_step_bytes = sums.dtod_step_bytes
     m["dtod_bytes_in_steps"] = dtod_step_bytes
     if step_count:
         m["dtod_bytes_per_step"] = dtod_step_bytes / step_count
@@ -249,7 +277,7 @@ def _window_metrics(
         m["dtod_to_gradient_ratio"] = None
         null["dtod_to_gradient_ratio"] = null.get("dtod_bytes_per_step") or null["gradient_reduction_bytes_per_step"]
 
-    pageable, known_bytes, known_copies = copies.pageable_bytes(window)
+    pageable, known_bytes, known_copies = sums.pageable
     m["host_device_copies"] = known_copies
     m["host_device_bytes"] = known_bytes
     m["host_device_bytes_per_step"] = known_bytes / step_count if step_count else None
@@ -265,8 +293,8 @@ def _window_metrics(
 
     nccl_ops = nccl.with_collective(nccl_in_window, capture.strings)
     m["nccl_kernels"] = nccl_ops.height
-    m["nccl_time_ns"] = int(nccl.nccl_time(window, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
-    m["nccl_exposed_ns"] = nccl.exposed_time(ops, mask) if nccl_ops.height else 0
+    m["nccl_time_ns"] = int(nccl.nccl_time(nccl_ops, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
+    m["nccl_exposed_ns"] = exposed() if nccl_ops.height else 0
     return m, null, nccl_ops
 
 
@@ -352,26 +380,52 @@ def _with_nccl_payload(ops: pl.DataFrame, ranges: pl.DataFrame, *, group_size: i
     return add_columns(ops, [ops["msg_bytes"].scatter(rows, found.cast(ops.schema["msg_bytes"]))])
 
 
-def _step_rows(
-    steps: pl.DataFrame, phases: pl.DataFrame, ops: pl.DataFrame, spans: pl.DataFrame, *, gpu_timed: bool = False
-) -> tuple[list[dict[str, Any]], int, int]:
-    """The step breakdown of the JSON contract, plus Σ GPU spans and Σ NCCL time in steps.
+@dataclass
+class StepPieces:
+    """What the step breakdown reads from the attributed ops (:func:`step_pieces`); the sliced
+    analysis (traceguard.metrics.sliced) builds the same pieces a time slice at a time."""
 
-    ``cpu_ns`` is the step range's duration on the CPU; GPU-timed steps (inferred, window) have
-    no CPU range, so it is None for them."""
-    if steps.height == 0:
-        return [], 0, 0
+    #: Whether any op lies in a step / in a phase of a step.
+    any_in_steps: bool
+    any_in_phases: bool
+    #: NCCL kernels inside the steps (``is_nccl``, ``step_id``, ``phase_id``, ``device``, ``start``, ``end``).
+    nccl_in_steps: pl.DataFrame
+    #: Per ``step_id``: ``dtod_bytes``, ``dtod_copies``, ``peer_bytes``, ``peer_copies``.
+    copies: pl.DataFrame
+    #: Per ``phase_id``: ``gpu_ns`` (the union of the phase's ops per device, summed over devices).
+    phase_gpu: pl.DataFrame
+
+
+def step_pieces(ops: pl.DataFrame, phases: pl.DataFrame) -> StepPieces:
+    """:class:`StepPieces` of the attributed ``ops`` (``step_id``, ``phase_id``, ``is_nccl``)."""
     in_steps = ops.lazy().filter(pl.col("step_id").is_not_null())
-    any_in_steps = ops.select(pl.col("step_id").is_not_null().any()).item()
-    step_nccl = nccl.nccl_time(in_steps, ["step_id"]) if any_in_steps else None
-    table = steps.join(spans, left_on="range_id", right_on="step_id", how="left")
-    if step_nccl is not None:
-        table = table.join(step_nccl, left_on="range_id", right_on="step_id", how="left")
-    else:
-        table = table.with_columns(pl.lit(None, dtype=pl.Int64).alias("nccl_ns"))
+    any_in_steps = bool(ops.select(pl.col("step_id").is_not_null().any()).item())
+    any_in_phases = bool(
+        phases.height and ops.select((pl.col("step_id").is_not_null() & pl.col("phase_id").is_not_null()).any()).item()
+    )
+    nccl_in_steps = in_steps.filter(pl.col("is_nccl")).select(*STEP_NCCL_COLUMNS).collect()
+    phase_gpu = pl.DataFrame(schema={"phase_id": ops.schema["phase_id"], "gpu_ns": pl.Int64})
+    if phases.height:
+        in_phases = in_steps.filter(pl.col("phase_id").is_not_null())
+        phase_gpu = (
+            union_ns_batched(in_phases, ["phase_id", "device"])
+            .group_by("phase_id")
+            .agg(pl.col("union_ns").sum().alias("gpu_ns"))
+            .collect()
+        )
+    return StepPieces(any_in_steps, any_in_phases, nccl_in_steps, step_copies(in_steps), phase_gpu)
+
+
+#: The columns of the NCCL kernels the step breakdown reads.
+STEP_NCCL_COLUMNS = ("is_nccl", "step_id", "phase_id", "device", "start", "end")
+
+
+def step_copies(in_steps: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
+    """Per ``step_id`` of the ops in steps: device-to-device and peer copies and bytes."""
     is_dtod, is_peer = pl.col("copy_kind") == "DtoD", pl.col("copy_kind") == "PtoP"
-    dtod = (
-        in_steps.filter(is_dtod | is_peer)
+    return (
+        in_steps.lazy()
+        .filter(is_dtod | is_peer)
         .group_by("step_id")
         .agg(
             pl.col("bytes").filter(is_dtod).sum().alias("dtod_bytes"),
@@ -381,21 +435,31 @@ def _step_rows(
         )
         .collect()
     )
-    table = table.join(dtod, left_on="range_id", right_on="step_id", how="left").sort("index")
+
+
+def _step_rows(
+    steps: pl.DataFrame, phases: pl.DataFrame, pieces: StepPieces, spans: pl.DataFrame, *, gpu_timed: bool = False
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The step breakdown of the JSON contract, plus Σ GPU spans and Σ NCCL time in steps.
+
+    ``cpu_ns`` is the step range's duration on the CPU; GPU-timed steps (inferred, window) have
+    no CPU range, so it is None for them."""
+    if steps.height == 0:
+        return [], 0, 0
+    step_nccl = nccl.nccl_time(pieces.nccl_in_steps, ["step_id"]) if pieces.any_in_steps else None
+    table = steps.join(spans, left_on="range_id", right_on="step_id", how="left")
+    if step_nccl is not None:
+        table = table.join(step_nccl, left_on="range_id", right_on="step_id", how="left")
+    else:
+        table = table.with_columns(pl.lit(None, dtype=pl.Int64).alias("nccl_ns"))
+    table = table.join(pieces.copies, left_on="range_id", right_on="step_id", how="left").sort("index")
 
     phase_rows: dict[int, dict[str, dict[str, int]]] = {}
     if phases.height:
-        in_phases = in_steps.filter(pl.col("phase_id").is_not_null())
-        any_in_phases = ops.select((pl.col("step_id").is_not_null() & pl.col("phase_id").is_not_null()).any()).item()
-        gpu = (
-            union_ns_batched(in_phases, ["phase_id", "device"])
-            .group_by("phase_id")
-            .agg(pl.col("union_ns").sum().alias("gpu_ns"))
-            .collect()
-        )
-        nccl_by_phase = nccl.nccl_time(in_phases, ["phase_id"]) if any_in_phases else None
+        in_phases = pieces.nccl_in_steps.filter(pl.col("phase_id").is_not_null())
+        nccl_by_phase = nccl.nccl_time(in_phases, ["phase_id"]) if pieces.any_in_phases else None
         per_phase = phases.with_columns((pl.col("end") - pl.col("start")).alias("cpu_ns")).join(
-            gpu, on="phase_id", how="left"
+            pieces.phase_gpu, on="phase_id", how="left"
         )
         if nccl_by_phase is not None:
             per_phase = per_phase.join(nccl_by_phase, on="phase_id", how="left")
@@ -547,20 +611,30 @@ def _collective_calls(
     )
 
 
-def _gpu_models(capture: Capture, window: pl.LazyFrame | pl.DataFrame) -> list[str]:
-    """Names of the GPUs this rank ran work on (the file lists every GPU of the node)."""
-    used = window.lazy().select(pl.col("device").unique()).collect().to_series().drop_nulls()
+def _gpu_models(capture: Capture, used: pl.Series) -> list[str]:
+    """Names of the GPUs this rank ran work on (``used``: the window's devices; the file lists
+    every GPU of the node)."""
+    used = used.drop_nulls()
     names = capture.devices.filter(pl.col("device").is_in(used.implode()) & pl.col("name").is_not_null())
     return sorted(set(names["name"].to_list()))
 
 
-def _health(capture: Capture, ops: pl.DataFrame, steps: pl.DataFrame) -> dict[str, Any]:
+def op_counts(ops: pl.DataFrame) -> dict[str, int]:
+    """The op counts capture_health reports: all ops, those without a launch, those ending before they start."""
+    row = ops.select(
+        pl.len().alias("gpu_ops"),
+        pl.col("launch_start").is_null().sum().alias("ops_without_launch"),
+        (pl.col("end") < pl.col("start")).sum().alias("negative_ops"),
+    ).row(0, named=True)
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def _health(capture: Capture, steps: pl.DataFrame, counts: dict[str, int]) -> dict[str, Any]:
     ranges = capture.ranges
     domains_with_ranges = set(ranges["domain"].drop_nulls().unique().to_list())
     empty_domains = [d for d in capture.info.nvtx_domains if d not in domains_with_ranges]
-    launched = ops.filter(pl.col("launch_start").is_not_null()).height
     return {
-        "gpu_ops": ops.height,
+        "gpu_ops": counts["gpu_ops"],
         "api_calls": capture.api_calls.height,
         "ranges": ranges.height,
         "steps": steps.height,
@@ -569,7 +643,6 @@ def _health(capture: Capture, ops: pl.DataFrame, steps: pl.DataFrame) -> dict[st
         "nvtx_domains": list(capture.info.nvtx_domains),
         "domains_without_ranges": empty_domains,
         "default_domain_ranges": ranges.filter(pl.col("domain").is_null()).height,
-        "ops_without_launch": ops.height - launched,
-        "negative_durations": ops.filter(pl.col("end") < pl.col("start")).height
-        + ranges.filter(pl.col("end") < pl.col("start")).height,
+        "ops_without_launch": counts["ops_without_launch"],
+        "negative_durations": counts["negative_ops"] + ranges.filter(pl.col("end") < pl.col("start")).height,
     }

@@ -42,6 +42,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -131,24 +132,40 @@ def _transfers(named: pl.DataFrame, annotations: pl.DataFrame, steps: int) -> li
     return rows
 
 
-def _bubble(ops: pl.DataFrame, steps: pl.DataFrame) -> tuple[float | None, list[dict[str, Any]], str | None]:
+@dataclass
+class BubbleInputs:
+    """What the pipeline bubble reads from the attributed ops (:func:`bubble_inputs`): per
+    ``step_id``, the GPU span (``s0``, ``s1``: first start, last end of its ops) and ``covered``
+    (the union ns of its compute kernels); ``has_kernels``: any kernel lies in a step."""
+
+    spans: pl.DataFrame
+    covered: pl.DataFrame
+    has_kernels: bool
+
+
+def bubble_inputs(ops: pl.DataFrame) -> BubbleInputs:
     # Only the columns read here: a filtered copy of every column of 10 M ops would be ~1 GB.
     columns = ["step_id", "kind", "is_nccl", "start", "end"]
     attributed = ops.lazy().filter(pl.col("step_id").is_not_null()).select(columns).collect()
-    if attributed.filter(pl.col("kind") == "kernel").height == 0:
-        return None, [], NO_GPU
+    has_kernels = attributed.filter(pl.col("kind") == "kernel").height > 0
     spans = attributed.group_by("step_id").agg(pl.col("start").min().alias("s0"), pl.col("end").max().alias("s1"))
     compute = attributed.filter((pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False))
     covered = (
         union_segments(compute.select("step_id", "start", "end"), ["step_id"])
         .collect()
-        .join(spans.lazy().collect(), on="step_id")
+        .join(spans, on="step_id")
         .with_columns(pl.max_horizontal("start", "s0").alias("a"), pl.min_horizontal("end", "s1").alias("b"))
         .group_by("step_id")
         .agg((pl.col("b") - pl.col("a")).clip(lower_bound=0).sum().alias("covered"))
     )
+    return BubbleInputs(spans, covered, has_kernels)
+
+
+def _bubble(inputs: BubbleInputs, steps: pl.DataFrame) -> tuple[float | None, list[dict[str, Any]], str | None]:
+    if not inputs.has_kernels:
+        return None, [], NO_GPU
     table = (
-        spans.join(covered, on="step_id", how="left")
+        inputs.spans.join(inputs.covered, on="step_id", how="left")
         .join(steps.select(pl.col("range_id").cast(pl.Int64).alias("step_id"), "name", "start"), on="step_id")
         .sort("start")
     )
@@ -172,7 +189,7 @@ def _bubble(ops: pl.DataFrame, steps: pl.DataFrame) -> tuple[float | None, list[
 
 
 def rank_workload(
-    ranges: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame, by_type: dict[str, Any]
+    ranges: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame | BubbleInputs, by_type: dict[str, Any]
 ) -> dict[str, Any]:
     """The rank's workload entry (module docstring). ``ops``: attributed GPU ops with ``is_nccl``
     and ``collective``; ``by_type``: metrics.collectives.by_type's result for the rank."""
@@ -224,7 +241,7 @@ def rank_workload(
         out.update(_rooted(inside, rooted, totals, n))
 
     if out["kind"] == PIPELINE:
-        bubble, per_step, reason = _bubble(ops, steps)
+        bubble, per_step, reason = _bubble(ops if isinstance(ops, BubbleInputs) else bubble_inputs(ops), steps)
         out["bubble"], out["bubble_per_step"] = bubble, per_step
         if reason:
             out["null_reasons"]["bubble"] = reason
