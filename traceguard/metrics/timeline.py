@@ -26,6 +26,7 @@ fed: :class:`SegmentReducer` reduces a chunk at a time to the same lane). Every 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -257,12 +258,21 @@ def _lane(
     collective: str | None = None,
     labels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    s, e, busy, kept = reduce_segments(start, end, limit, labels)
+    reducer = SegmentReducer(limit, labelled=labels is not None)
+    reducer.feed(start, end, labels)
+    return _reduced_lane(name, kind, reducer, origin, collective=collective)
+
+
+def _reduced_lane(
+    name: str, kind: str, reducer: SegmentReducer, origin: int, *, collective: str | None = None
+) -> dict[str, Any]:
+    """A lane from a reducer fed with all of its union's segments."""
+    s, e, busy, kept = reducer.result()
     return {
         "name": name,
         "kind": kind,
         "collective": collective,
-        "merged_from": int(start.size),
+        "merged_from": int(reducer.count),
         "start": (s - origin).tolist(),
         "end": (e - origin).tolist(),
         "busy": busy.tolist(),
@@ -412,16 +422,88 @@ def rank_timeline(
     # Only the window's few non-kernel rows and the compute kernels' union are ever copied out of
     # the 10 M-row columns (no whole-column arrays).
     keep = mask.fill_null(False) & ops["start"].is_not_null() & ops["end"].is_not_null()
-    bounds = ops.lazy().filter(keep).select(pl.col("start").min(), pl.col("end").max(), pl.len()).collect().row(0)
-    if not bounds[2]:
-        return {"rank": rank, "origin_ns": None, "span_ns": 0, "lanes": []}
-    origin = int(bounds[0])
-    span = max(int(bounds[1]), origin) - origin
+    row = ops.lazy().filter(keep).select(pl.col("start").min(), pl.col("end").max(), pl.len()).collect().row(0)
     kind = pl.col("kind").to_physical()
     window = ops.lazy().filter(keep)
     copies = window.filter(kind.is_in(_COPY_CODES)).select("start", "end").collect()
     graphs = window.filter(kind == _GRAPH).select("start", "end").collect()
     del keep, window
+    extents = phase_extents(ops) if phases.height and "phase_id" in ops.columns else None
+    compute_by_device = compute_union(ops, mask) if compute is None else compute
+    compute_lane = SegmentReducer(max_segments)
+    if compute_by_device:
+        parts = list(compute_by_device.values())
+        s, e = (
+            parts[0]
+            if len(parts) == 1
+            else union_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        )
+        compute_lane.feed(s, e)
+    copies_lane = SegmentReducer(max_segments)
+    copies_lane.feed(*union_intervals(_column(copies, "start"), _column(copies, "end")))
+    return assemble_timeline(
+        rank,
+        TimelineParts(
+            bounds=(row[0], row[1], int(row[2])),
+            extents=extents,
+            compute_lane=compute_lane,
+            graphs=union_intervals(_column(graphs, "start"), _column(graphs, "end")),
+            compute_near_nccl=compute_by_device,
+            copies_lane=copies_lane,
+        ),
+        nccl_ops,
+        step_rows,
+        phases,
+        max_segments=max_segments,
+    )
+
+
+def phase_extents(ops: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per ``phase_id``: the first start and last end of the ops attributed to it (timed ones)."""
+    return (
+        ops.lazy()
+        .filter(pl.col("phase_id").is_not_null() & pl.col("start").is_not_null() & pl.col("end").is_not_null())
+        .group_by("phase_id")
+        .agg(pl.col("start").min(), pl.col("end").max())
+        .collect()
+    )
+
+
+@dataclass
+class TimelineParts:
+    """What the lanes read from the attributed ops of the window (the whole-file analysis takes
+    them from the frame; the sliced one, traceguard.metrics.sliced, builds them a slice at a time)."""
+
+    #: (first start, last end, count) of the window's timed ops.
+    bounds: tuple[int | None, int | None, int]
+    #: :func:`phase_extents` (None without phases).
+    extents: pl.DataFrame | None
+    #: A reducer fed with the union of the window's compute kernels over all devices.
+    compute_lane: SegmentReducer
+    #: The union of the window's CUDA graph executions.
+    graphs: tuple[np.ndarray, np.ndarray]
+    #: Per device: the compute union's segments, or at least every one that meets an NCCL kernel
+    #: of the window (the exposed lane needs no others).
+    compute_near_nccl: dict[int, tuple[np.ndarray, np.ndarray]]
+    #: A reducer fed with the union of the window's memcpys and memsets.
+    copies_lane: SegmentReducer
+
+
+def assemble_timeline(
+    rank: int,
+    parts: TimelineParts,
+    nccl_ops: pl.DataFrame,
+    step_rows: Sequence[dict[str, Any]],
+    phases: pl.DataFrame,
+    *,
+    max_segments: int = MAX_SEGMENTS,
+) -> dict[str, Any]:
+    """The lanes of :func:`rank_timeline` from its :class:`TimelineParts`."""
+    first, last, count = parts.bounds
+    if not count or first is None or last is None:
+        return {"rank": rank, "origin_ns": None, "span_ns": 0, "lanes": []}
+    origin = int(first)
+    span = max(int(last), origin) - origin
     lanes: list[dict[str, Any]] = []
 
     spans = [s for s in step_rows if s.get("gpu_start_ns") is not None and s.get("gpu_span_ns") is not None]
@@ -432,12 +514,9 @@ def rank_timeline(
         lanes.append(
             _lane("steps", "step", step_start, step_end, origin, max_segments, labels=[s["name"] for s in spans])
         )
-    if phases.height and "phase_id" in ops.columns:
+    if parts.extents is not None:
         extents = (
-            ops.lazy()
-            .filter(pl.col("phase_id").is_not_null() & pl.col("start").is_not_null() & pl.col("end").is_not_null())
-            .group_by("phase_id")
-            .agg(pl.col("start").min(), pl.col("end").max())
+            parts.extents.lazy()
             .join(phases.lazy().select(pl.col("phase_id").cast(pl.Int64), "name"), on="phase_id", how="inner")
             .sort("start")
             .collect()
@@ -456,18 +535,10 @@ def rank_timeline(
             )
 
     empty = np.empty(0, dtype=np.int64)
-    compute_by_device = compute_union(ops, mask) if compute is None else compute
-    if compute_by_device:
-        parts = list(compute_by_device.values())
-        s, e = (
-            parts[0]
-            if len(parts) == 1
-            else union_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-        )
-        lanes.append(_lane("compute", "compute", s, e, origin, max_segments))
-    if graphs.height:
-        s, e = union_intervals(_column(graphs, "start"), _column(graphs, "end"))
-        lanes.append(_lane("cuda graphs", "graph", s, e, origin, max_segments))
+    if parts.compute_lane.count:
+        lanes.append(_reduced_lane("compute", "compute", parts.compute_lane, origin))
+    if parts.graphs[0].size:
+        lanes.append(_lane("cuda graphs", "graph", *parts.graphs, origin, max_segments))
 
     nccl_timed = nccl_ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
     if nccl_timed.height:
@@ -487,14 +558,13 @@ def rank_timeline(
         for dev in labelled["device"].unique().to_list():
             part = labelled.filter(pl.col("device") == dev)
             a_s, a_e = union_intervals(_column(part, "start"), _column(part, "end"))
-            b_s, b_e = compute_by_device.get(int(dev), (empty, empty))
+            b_s, b_e = parts.compute_near_nccl.get(int(dev), (empty, empty))
             x_s, x_e = subtract_intervals(a_s, a_e, b_s, b_e)
             exposed_s.append(x_s)
             exposed_e.append(x_e)
         s, e = union_intervals(np.concatenate(exposed_s), np.concatenate(exposed_e))
         lanes.append(_lane("exposed", "exposed", s, e, origin, max_segments))
 
-    if copies.height:
-        s, e = union_intervals(_column(copies, "start"), _column(copies, "end"))
-        lanes.append(_lane("memcpy", "memcpy", s, e, origin, max_segments))
+    if parts.copies_lane.count:
+        lanes.append(_reduced_lane("memcpy", "memcpy", parts.copies_lane, origin))
     return {"rank": rank, "origin_ns": origin, "span_ns": span, "lanes": lanes}
