@@ -29,7 +29,7 @@ from traceguard.metrics.steps import (
     window_mask,
 )
 from traceguard.metrics.timeline import compute_union, rank_timeline
-from traceguard.metrics.workloads import rank_workload
+from traceguard.metrics.workloads import BubbleInputs, rank_workload
 from traceguard.model import Capture, add_columns, bound_heap
 
 #: Why one rank alone has no straggler spread; the run replaces it when it has the ranks.
@@ -101,25 +101,83 @@ def analyse_rank(
         step_table = pool.submit(
             lambda: _step_rows(steps, phases, step_pieces(ops, phases), spans, gpu_timed=resolved.gpu_timed)
         )
-        nccl_in_window = nccl_kernels.filter(mask.gather(nccl_rows))
-        m, null, nccl_ops = _window_metrics(
-            capture,
-            window_sums(ops, window),
-            steps,
-            nccl_kernels,
-            nccl_in_window,
-            lambda: nccl.exposed_time(ops, mask),
-        )
+        sums = window_sums(ops, window)
         # The union of the window's compute kernels per device: read by the timeline and the
         # per-collective breakdown alike, built once, in slices.
         compute_segments = compute_union(ops, mask)
-        step_rows, span_total, nccl_in_steps = step_table.result()
+        step_table_rows = step_table.result()
+    inputs = RankInputs(
+        resolved=resolved,
+        phases=phases,
+        op_counts=op_counts(ops),
+        nccl_kernels=nccl_kernels,
+        nccl_in_window=nccl_kernels.filter(mask.gather(nccl_rows)),
+        sums=sums,
+        exposed=lambda: nccl.exposed_time(ops, mask),
+        step_table=step_table_rows,
+        graph_summary=graphs.summarize(ops, mask, capture.strings),
+        rare_ops=ops,
+        rare_mask=mask,
+        compute_near_nccl=compute_segments,
+        timeline=lambda step_rows, nccl_ops: rank_timeline(
+            rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
+        ),
+        devices_used=window.select(pl.col("device").unique()).collect().to_series(),
+        bubble=ops,
+    )
+    return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
+
+
+@dataclass
+class RankInputs:
+    """What :func:`rank_result` needs from the attributed ops: :func:`analyse_rank` takes it from
+    the whole frame; the sliced analysis (traceguard.metrics.sliced) builds it a time slice at a time."""
+
+    resolved: ResolvedSteps
+    phases: pl.DataFrame
+    #: :func:`op_counts` of all the ops.
+    op_counts: dict[str, int]
+    #: The NCCL kernels in the ops' order, ``msg_bytes`` filled; those of the window.
+    nccl_kernels: pl.DataFrame
+    nccl_in_window: pl.DataFrame
+    sums: WindowSums
+    #: The window's exposed NCCL ns (asked only when the window has NCCL kernels).
+    exposed: Callable[[], int]
+    #: :func:`_step_rows`' result.
+    step_table: tuple[list[dict[str, Any]], int, int]
+    #: metrics.graphs.summary of the window.
+    graph_summary: dict[str, Any]
+    #: At least every NCCL kernel, CUDA graph execution and GPU-to-CPU copy of the ops (attributed),
+    #: and which of them lie in the window.
+    rare_ops: pl.DataFrame
+    rare_mask: pl.Series
+    #: Per device, the window's compute union (at least the segments that meet its NCCL kernels).
+    compute_near_nccl: dict[int, tuple[Any, Any]]
+    #: (step rows, the window's NCCL kernels with their collective) → the timeline.
+    timeline: Callable[[list[dict[str, Any]], pl.DataFrame], dict[str, Any]]
+    #: The devices the window's ops ran on.
+    devices_used: pl.Series
+    #: The attributed ops, or what the pipeline bubble reads of them.
+    bubble: pl.DataFrame | BubbleInputs
+
+
+def rank_result(
+    rank: int, capture: Capture, inputs: RankInputs, *, ranks_analysed: int, small_bytes: int
+) -> RankResult:
+    """The rank's result from its :class:`RankInputs` (``capture``: its small frames and info)."""
+    info = capture.info
+    resolved, steps, phases = inputs.resolved, inputs.resolved.steps, inputs.phases
+    no_steps = _no_steps_reason(capture, inputs.op_counts["gpu_ops"])
+    m, null, nccl_ops = _window_metrics(
+        capture.strings, inputs.sums, steps, inputs.nccl_kernels, inputs.nccl_in_window, inputs.exposed, no_steps
+    )
+    step_rows, span_total, nccl_in_steps = inputs.step_table
     m["gpu_span_ns"] = span_total
     m["nccl_step_ns"] = nccl_in_steps
     step_count = steps.height
     if not step_count:
         m["nccl_share_of_step"] = None
-        null["nccl_share_of_step"] = _no_steps_reason(capture)
+        null["nccl_share_of_step"] = no_steps
     elif not span_total:
         m["nccl_share_of_step"] = None
         null["nccl_share_of_step"] = "no GPU work was launched inside the steps"
@@ -128,33 +186,30 @@ def analyse_rank(
     m["straggler_spread"] = None
     null["straggler_spread"] = STRAGGLER_NEEDS_RANKS
     # CUDA graphs traced whole hide their kernels: what counts them is unknown, not 0 (metrics.graphs).
-    graph_summary = graphs.summarize(ops, mask, capture.strings)
+    graph_summary = inputs.graph_summary
     graphs.hide(m, null, graph_summary)
-    graphs.hide_in_steps(step_rows, ops, steps)
+    graphs.hide_in_steps(step_rows, inputs.rare_ops, steps)
     # The timeline's lanes read only these frames: drawn on a second thread beside the metrics below
     # (NumPy and Polars release the GIL in their heavy calls), ~1.5 s of a 10 M-kernel rank.
     timeline_pool = ThreadPoolExecutor(max_workers=1)
-    timeline = timeline_pool.submit(
-        rank_timeline, rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
-    )
+    timeline = timeline_pool.submit(inputs.timeline, step_rows, nccl_ops)
     timeline_pool.shutdown(wait=False)
 
     if not info.has_gpu_trace:
         _null_gpu_metrics(m, null)
 
-    models = _gpu_models(capture, window.select(pl.col("device").unique()).collect().to_series())
+    models = _gpu_models(capture, inputs.devices_used)
     by_type, peers = collectives.breakdown(
         rank,
-        ops,
-        mask,
+        inputs.rare_ops,
+        inputs.rare_mask,
         nccl_ops,
         steps,
         capture.ranges,
         nccl_domain=NCCL_DOMAIN,
         group_size=info.world_size or ranks_analysed,
-        compute=compute_segments,
+        compute=inputs.compute_near_nccl,
     )
-    del compute_segments
     if graph_summary["graph_executions"]:
         by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
         peers = {"rows": [], "null_reason": graphs.hidden_reason(graph_summary)}
@@ -166,7 +221,7 @@ def analyse_rank(
     sized = small_metrics["collective_calls_sized"]
     m["collective_calls_per_step"] = sized / step_count if sized is not None and step_count else None
     if m["collective_calls_per_step"] is None:
-        null["collective_calls_per_step"] = small_null.get("collective_calls_sized") or _no_steps_reason(capture)
+        null["collective_calls_per_step"] = small_null.get("collective_calls_sized") or no_steps
     graphs.hide(m, null, graph_summary)  # again: the collective-call metrics exist now
     return RankResult(
         rank=rank,
@@ -174,8 +229,8 @@ def analyse_rank(
         null_reasons=null,
         steps=step_rows,
         collectives=nccl.collective_table(nccl_ops, ranks_analysed),
-        gpu_to_cpu_offenders=_offenders(window, capture),
-        health={**_health(capture, steps, op_counts(ops)), **graph_summary},
+        gpu_to_cpu_offenders=_offenders(inputs.rare_ops.lazy().filter(inputs.rare_mask), capture),
+        health={**_health(capture, steps, inputs.op_counts), **graph_summary},
         gpu_models=models,
         spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
         step_source=resolved.source,
@@ -183,7 +238,7 @@ def analyse_rank(
         collectives_by_type=by_type,
         peers=peers,
         small_collectives=small_details,
-        workload=rank_workload(capture.ranges, steps, ops, by_type),
+        workload=rank_workload(capture.ranges, steps, inputs.bubble, by_type),
         timeline=timeline.result(),
     )
 
@@ -217,12 +272,13 @@ def window_sums(ops: pl.DataFrame, window: pl.LazyFrame) -> WindowSums:
 
 
 def _window_metrics(
-    capture: Capture,
+    strings: pl.DataFrame,
     sums: WindowSums,
     steps: pl.DataFrame,
     nccl_kernels: pl.DataFrame,
     nccl_in_window: pl.DataFrame,
     exposed: Callable[[], int],
+    no_steps: str,
 ) -> tuple[dict[str, Any], dict[str, str], pl.DataFrame]:
     """The copy, payload and NCCL-kernel metrics, their null reasons, and the NCCL kernels of
     the window (with their collective). ``nccl_kernels``: the NCCL kernels of the ops, in their
@@ -244,12 +300,12 @@ def _window_metrics(
         m["dtod_bytes_per_step"] = dtod_step_bytes / step_count
     else:
         m["dtod_bytes_per_step"] = None
-        null["dtod_bytes_per_step"] = _no_steps_reason(capture)
+        null["dtod_bytes_per_step"] = no_steps
 
     # All-reduce payload per step (the gradient bytes DDP moves): Kineto kernel args, or NCCL's
     # NVTX payload in nsys exports made with --include-blobs=true.
     nccl_in_step = nccl_kernels.filter(pl.col("step_id").is_not_null())
-    nccl_in_step = nccl.with_collective(nccl_in_step, capture.strings)
+    nccl_in_step = nccl.with_collective(nccl_in_step, strings)
     allreduce = nccl_in_step.filter(pl.col("collective") == "AllReduce")
     known = allreduce.filter(pl.col("msg_bytes").is_not_null())
     if step_count and allreduce.height and known.height == allreduce.height:
@@ -257,7 +313,7 @@ def _window_metrics(
     else:
         m["allreduce_bytes_per_step"] = None
         null["allreduce_bytes_per_step"] = (
-            _no_steps_reason(capture)
+            no_steps
             if not step_count
             else "no all-reduce kernels inside the steps"
             if not allreduce.height
@@ -270,7 +326,7 @@ def _window_metrics(
     m["gradient_reduction_collective"] = grad_collective
     m["gradient_reduction_bytes_per_step"] = grad_bytes
     if grad_bytes is None:
-        null["gradient_reduction_bytes_per_step"] = _no_steps_reason(capture) if not step_count else str(grad_reason)
+        null["gradient_reduction_bytes_per_step"] = no_steps if not step_count else str(grad_reason)
     if m["dtod_bytes_per_step"] is not None and m["gradient_reduction_bytes_per_step"]:
         m["dtod_to_gradient_ratio"] = m["dtod_bytes_per_step"] / m["gradient_reduction_bytes_per_step"]
     else:
@@ -285,13 +341,13 @@ def _window_metrics(
     m["gpu_to_cpu_copies_per_step"] = m["gpu_to_cpu_copies"] / step_count if step_count else None
     if not step_count:
         for key in ("host_device_bytes_per_step", "pageable_host_bytes_per_step", "gpu_to_cpu_copies_per_step"):
-            null[key] = _no_steps_reason(capture)
+            null[key] = no_steps
     m["pageable_host_bytes"] = pageable
     m["pageable_host_share"] = pageable / known_bytes if known_bytes else None
     if not known_bytes:
         null["pageable_host_share"] = "no host↔device copies with a known host memory kind in the window"
 
-    nccl_ops = nccl.with_collective(nccl_in_window, capture.strings)
+    nccl_ops = nccl.with_collective(nccl_in_window, strings)
     m["nccl_kernels"] = nccl_ops.height
     m["nccl_time_ns"] = int(nccl.nccl_time(nccl_ops, []).get_column("nccl_ns").sum() or 0) if nccl_ops.height else 0
     m["nccl_exposed_ns"] = exposed() if nccl_ops.height else 0
@@ -334,10 +390,10 @@ def _null_gpu_metrics(m: dict[str, Any], null: dict[str, str]) -> None:
     null["straggler_spread"] = no_gpu
 
 
-def _no_steps_reason(capture: Capture) -> str:
-    """Why a rank has no step at all: no marker range, and no GPU work to infer steps from
-    (with GPU work, the ``window`` source always yields one)."""
-    if capture.gpu_ops.height:
+def _no_steps_reason(capture: Capture, gpu_ops: int) -> str:
+    """Why a rank has no step at all: no marker range, and no GPU work (``gpu_ops`` of the
+    capture) to infer steps from (with GPU work, the ``window`` source always yields one)."""
+    if gpu_ops:
         return "no step marker matched and the step sources tried found none (see --step-source)"
     if not capture.info.has_ranges or capture.ranges.height == 0:
         return "no NVTX / user-annotation ranges and no GPU work in the capture, so no steps"
