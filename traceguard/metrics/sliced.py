@@ -1,0 +1,632 @@
+"""Every metric of one rank from its GPU ops read in time slices: the same :class:`RankResult` as
+:func:`traceguard.metrics.rank.analyse_rank` on the whole frame, with memory bounded by a slice.
+
+A capture larger than memory cannot be held as one frame of ops. Its ops come here as slices in
+start order (each slice's ops start at or after every earlier slice's; inside a slice, the ops
+keep the reader's table order), and each metric keeps only what it adds up:
+
+- **Pass 1** attributes each slice's ops to steps and phases (a per-op rule) and keeps the steps'
+  GPU spans (first start, last end), the op counts, the step table's per-step copies, the phases'
+  GPU time (a streamed union per phase and device, :class:`GroupUnion`), the phases' extents, the
+  pipeline bubble's compute union per step, and the *rare* ops whole: NCCL kernels, CUDA graph
+  executions and GPU-to-CPU copies (thousands where the compute kernels are millions; every
+  metric that reads single ops reads only these).
+- The analysis window (the union of the step spans) is known only once every op has been seen,
+  so **pass 2** reads the slices again: the window's copy counts and bytes, its devices, its
+  extent, the compute union fed to the timeline's lane reducer (a chunk at a time,
+  :class:`traceguard.metrics.timeline.SegmentReducer`), the copy lane likewise, and of the
+  compute union per device only the segments that meet an NCCL kernel of the window: the exposed
+  NCCL time, the exposed lane and the per-collective overlap measure NCCL intervals against the
+  compute union, and a segment that meets none of them changes none of those numbers.
+
+Then :func:`traceguard.metrics.rank.rank_result`, the assembly the whole-file analysis uses,
+builds the result. Kept across the slices: O(steps + phases × devices + rare ops + compute
+segments that meet NCCL kernels), never O(ops).
+
+Steps from ranges (``pattern``, ``convention``) need no ops. A capture whose steps must be
+inferred from its kernel sequence (``inferred``, or the ``window`` source behind it) is read
+once more for that sequence's narrow columns (pid, device, kind, start, end, name): that source
+needs the whole sequence, so its memory grows with the capture (about 33 bytes an op).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from traceguard.metrics import copies, graphs, nccl
+from traceguard.metrics import small_collectives as small
+from traceguard.metrics.rank import (
+    STEP_NCCL_COLUMNS,
+    RankInputs,
+    RankResult,
+    StepPieces,
+    WindowSums,
+    _step_rows,
+    _with_nccl_payload,
+    op_counts,
+    rank_result,
+    step_copies,
+)
+from traceguard.metrics.steps import (
+    GPU_TIMED_SOURCES,
+    STEP_SOURCES,
+    attribute,
+    find_phases,
+    resolve_steps,
+    step_spans,
+    window_mask,
+)
+from traceguard.metrics.timeline import MAX_SEGMENTS, SegmentReducer, TimelineParts, assemble_timeline
+from traceguard.metrics.workloads import BubbleInputs
+from traceguard.model import OP_KINDS, Capture, bound_heap
+
+#: A re-iterable source of a rank's GPU ops in time slices (module docstring); each call starts
+#: a new read.
+OpSlices = Callable[[], Iterable[pl.DataFrame]]
+
+#: Columns step inference reads (module docstring: the one source that needs the whole sequence).
+_SEQUENCE_COLUMNS = ("rank", "pid", "device", "kind", "start", "end", "name_id")
+_KERNEL = OP_KINDS.index("kernel")
+_COPY_CODES = (OP_KINDS.index("memcpy"), OP_KINDS.index("memset"))
+_GRAPH = OP_KINDS.index("graph")
+_INT64_MIN = np.iinfo(np.int64).min
+
+
+class UnionDrain:
+    """The union of ``[start, end)`` rows fed in start order across feeds, as
+    :func:`traceguard.metrics.timeline.union_intervals` builds it (an end before its start counts
+    as the start), handed back as it closes: :meth:`feed` returns the segments that closed, and
+    only the open one is kept."""
+
+    def __init__(self) -> None:
+        self.open_start: int | None = None
+        self.reach = 0
+        self.last_start: int | None = None
+
+    def feed(self, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if start.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        start = start.astype(np.int64, copy=False)
+        if (self.last_start is not None and int(start[0]) < self.last_start) or not bool(
+            np.all(start[1:] >= start[:-1])
+        ):
+            raise ValueError("rows fed out of start order")
+        self.last_start = int(start[-1])
+        end = np.maximum(end.astype(np.int64, copy=False), start)
+        reach = np.maximum.accumulate(end)
+        if self.open_start is not None:
+            np.maximum(reach, self.reach, out=reach)
+        opens = np.empty(start.size, dtype=bool)
+        opens[0] = self.open_start is None or int(start[0]) > self.reach
+        np.greater(start[1:], reach[:-1], out=opens[1:])
+        heads = np.flatnonzero(opens)
+        seg_start = start[heads]
+        # Each head closes the segment before it, at the reach just before the head.
+        closed_end = np.where(heads > 0, reach[np.maximum(heads - 1, 0)], self.reach)
+        if self.open_start is not None:
+            seg_start = np.concatenate([[self.open_start], seg_start])
+        else:
+            closed_end = closed_end[1:]
+        done = closed_end.size
+        out = seg_start[:done], closed_end
+        self.open_start = int(seg_start[-1])
+        self.reach = int(reach[-1])
+        return out
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.open_start is None:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        out = np.array([self.open_start], dtype=np.int64), np.array([self.reach], dtype=np.int64)
+        self.open_start = None
+        return out
+
+
+class GroupUnion:
+    """Per group key, the length of the union of its ``[start, end)`` rows, fed a chunk at a time
+    with every group's rows in start order across chunks (groups interleave freely).
+
+    The rule is :func:`traceguard.metrics.intervals.union_ns`': sorted by start, a row opens a
+    segment when it starts after the running max of the group's earlier ends; a segment's length
+    is its largest end less its first start. ``clip``: a segment shorter than 0 counts 0 (the
+    pipeline bubble's rule, :func:`traceguard.metrics.workloads.bubble_inputs`).
+
+    State per group: the open segment's start and reach, and the closed segments' total."""
+
+    def __init__(self, clip: bool = False) -> None:
+        self.clip = clip
+        self.keys = np.empty(0, dtype=np.int64)  # sorted
+        self.seg_start = np.empty(0, dtype=np.int64)
+        self.reach = np.empty(0, dtype=np.int64)
+        self.total = np.empty(0, dtype=np.int64)
+
+    def _length(self, lengths: np.ndarray) -> np.ndarray:
+        return np.maximum(lengths, 0) if self.clip else lengths
+
+    def feed(self, keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        keys = keys.astype(np.int64, copy=False)
+        order = np.lexsort((start, keys))
+        k, s, e = keys[order], start[order].astype(np.int64), end[order].astype(np.int64)
+        n = k.size
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(k[1:], k[:-1], out=first[1:])
+        group = np.cumsum(first) - 1
+        heads = np.flatnonzero(first)
+        uniq = k[heads]
+        # The state of the chunk's groups that were seen before.
+        at = np.searchsorted(self.keys, uniq)
+        if self.keys.size:
+            known = (at < self.keys.size) & (self.keys[np.minimum(at, self.keys.size - 1)] == uniq)
+        else:
+            known = np.zeros(uniq.size, dtype=bool)
+        prior_reach = np.full(uniq.size, _INT64_MIN, dtype=np.int64)
+        prior_reach[known] = self.reach[at[known]]
+        # Running max of the ends within each group, then with the group's prior reach.
+        running = _group_cummax(e, group, first)
+        np.maximum(running, prior_reach[group], out=running)
+        opens = np.empty(n, dtype=bool)
+        opens[1:] = s[1:] > running[:-1]
+        opens[first] = ~known | (s[first] > prior_reach)
+        # Segments: each opener starts one; a group's first row that opens nothing continues
+        # its open segment from before.
+        record = opens | first
+        rec = np.flatnonzero(record)
+        rec_group = group[rec]
+        rec_start = s[rec]
+        continuing = first[rec] & ~opens[rec]
+        prior_start = np.zeros(uniq.size, dtype=np.int64)
+        prior_start[known] = self.seg_start[at[known]]
+        rec_start[continuing] = prior_start[rec_group[continuing]]
+        rec_last = np.append(rec[1:] - 1, n - 1)
+        rec_end = running[rec_last]
+        last_of_group = np.append(rec_group[1:] != rec_group[:-1], True)
+        added = np.zeros(uniq.size, dtype=np.int64)
+        closed = ~last_of_group
+        np.add.at(added, rec_group[closed], self._length(rec_end[closed] - rec_start[closed]))
+        # A known group whose first row opens a segment closes the one open before.
+        closes_prior = known & opens[heads]
+        prior_len = np.zeros(uniq.size, dtype=np.int64)
+        prior_len[closes_prior] = self._length(self.reach[at[closes_prior]] - self.seg_start[at[closes_prior]])
+        added += prior_len
+        open_start = rec_start[last_of_group]
+        open_reach = rec_end[last_of_group]
+        # Write the state back: known groups in place, new ones merged in key order.
+        idx = at[known]
+        self.seg_start[idx] = open_start[known]
+        self.reach[idx] = open_reach[known]
+        self.total[idx] += added[known]
+        new = ~known
+        if new.any():
+            keys_all = np.concatenate([self.keys, uniq[new]])
+            order_all = np.argsort(keys_all, kind="stable")
+            self.keys = keys_all[order_all]
+            self.seg_start = np.concatenate([self.seg_start, open_start[new]])[order_all]
+            self.reach = np.concatenate([self.reach, open_reach[new]])[order_all]
+            self.total = np.concatenate([self.total, added[new]])[order_all]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, union ns) in key order, every open segment closed."""
+        return self.keys, self.total + self._length(self.reach - self.seg_start)
+
+
+def _group_cummax(values: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Running max of ``values`` restarting at each group (rows grouped contiguously)."""
+    if not first[1:].any():
+        return np.maximum.accumulate(values)
+    low, high = int(values.min()), int(values.max())
+    width = high - low + 1
+    groups = int(group[-1]) + 1
+    if groups * width < (1 << 62):
+        offset = group * width - low
+        out = np.maximum.accumulate(values + offset)
+        out -= offset
+        return out
+    out = np.empty_like(values)  # pragma: no cover - int64-wide time bands
+    bounds = [*np.flatnonzero(first).tolist(), values.size]
+    for lo, hi in itertools.pairwise(bounds):
+        out[lo:hi] = np.maximum.accumulate(values[lo:hi])
+    return out
+
+
+def _pack(a: pl.Series, b: pl.Series | None = None) -> np.ndarray:
+    """One int64 key per row from one or two int32-wide id columns (nulls as -1)."""
+    high = a.fill_null(-1).cast(pl.Int64).to_numpy()
+    if b is None:
+        return high
+    low = b.fill_null(-1).cast(pl.Int64).to_numpy()
+    return (high << 32) | (low & 0xFFFFFFFF)
+
+
+def _unpack_high(keys: np.ndarray) -> np.ndarray:
+    return keys >> 32
+
+
+@dataclass
+class _Pass1:
+    """What pass 1 keeps (module docstring)."""
+
+    spans: list[pl.DataFrame] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"gpu_ops": 0, "ops_without_launch": 0, "negative_ops": 0})
+    any_in_steps: bool = False
+    any_in_phases: bool = False
+    step_copies: list[pl.DataFrame] = field(default_factory=list)
+    extents: list[pl.DataFrame] = field(default_factory=list)
+    rare: list[pl.DataFrame] = field(default_factory=list)
+    dtod_step_bytes: int = 0
+    launched_by_graph: int = 0
+    has_step_kernels: bool = False
+    phase_gpu: GroupUnion = field(default_factory=GroupUnion)
+    bubble: GroupUnion = field(default_factory=lambda: GroupUnion(clip=True))
+
+
+@dataclass
+class _Pass2:
+    """What pass 2 keeps (module docstring)."""
+
+    counts: dict[str, int] | None = None
+    pageable: tuple[int, int, int] = (0, 0, 0)
+    devices: set[int | None] = field(default_factory=set)
+    first: int | None = None
+    last: int | None = None
+    timed: int = 0
+    compute_all: UnionDrain = field(default_factory=UnionDrain)
+    compute_by_device: dict[int, UnionDrain] = field(default_factory=dict)
+    near: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    copies_union: UnionDrain = field(default_factory=UnionDrain)
+    graph_count: int = 0
+    launched_count: int = 0
+    busy_launched: GroupUnion = field(default_factory=GroupUnion)
+    busy_all: GroupUnion = field(default_factory=GroupUnion)
+
+
+def analyse_rank_sliced(
+    rank: int,
+    capture: Capture,
+    op_slices: OpSlices,
+    *,
+    step_patterns: Sequence[str] = (),
+    step_sources: Sequence[str] = STEP_SOURCES,
+    ranks_analysed: int = 1,
+    small_bytes: int = small.DEFAULT_SMALL_BYTES,
+    on_slice: Callable[[pl.DataFrame], None] | None = None,
+    max_segments: int = MAX_SEGMENTS,
+) -> RankResult:
+    """:func:`traceguard.metrics.rank.analyse_rank` of ``capture`` (its small frames: ranges,
+    strings, devices, info; its ``gpu_ops`` unused) with the GPU ops from ``op_slices``
+    (module docstring), ``rank`` already set on them. ``on_slice`` sees every slice of the
+    first pass as read (a caller's own sums, e.g. the run's copy summary)."""
+    bound_heap()
+    info = capture.info
+    strings = capture.strings
+    resolved = _resolve_steps(capture, op_slices, step_patterns, step_sources)
+    steps = resolved.steps
+    gpu_timed = resolved.gpu_timed
+    phases = find_phases(capture.ranges, steps) if not gpu_timed else find_phases(capture.ranges, steps[:0])
+    # Ops read with their launches (the nsys reader's slices) ignore the API calls; others (an
+    # in-memory Kineto capture) are joined to the capture's.
+    api_calls = capture.api_calls
+    pid_of_step = steps.select(pl.col("range_id").alias("step_id"), "pid")
+    launched_expr: pl.Expr | None = None
+
+    def attributed(part: pl.DataFrame) -> pl.DataFrame:
+        ops = attribute(part, api_calls, steps, phases, gpu_timed=gpu_timed)
+        return nccl.mark_nccl(ops, strings, collective=False)
+
+    # -- pass 1 ------------------------------------------------------------------------------
+    one = _Pass1()
+    schema: dict[str, pl.DataType] | None = None
+    for part in op_slices():
+        if on_slice is not None:
+            on_slice(part)
+        ops = attributed(part)
+        schema = dict(ops.schema)
+        if launched_expr is None:
+            launched_expr = graphs.launched_by_graph(ops, strings)
+        _first_pass(one, ops, phases, launched_expr)
+        del ops
+    if schema is None:  # no ops at all: the whole-file analysis of an empty frame
+        schema = dict(attributed(capture.gpu_ops.clear()).schema)
+        launched_expr = pl.lit(False)
+    assert launched_expr is not None
+    step_type = schema["step_id"]
+    spans = (
+        pl.concat(one.spans).group_by("step_id").agg(pl.col("gpu_start").min(), pl.col("gpu_end").max())
+        if one.spans
+        else pl.DataFrame(schema={"step_id": step_type, "gpu_start": pl.Int64, "gpu_end": pl.Int64})
+    )
+    rare = _table_order(pl.concat(one.rare) if one.rare else pl.DataFrame(schema=schema))
+    rare_mask = window_mask(rare, spans, pid_of_step)
+    nccl_rows = rare.select(pl.arg_where(pl.col("is_nccl"))).to_series()
+    nccl_kernels = _with_nccl_payload(rare[nccl_rows], capture.ranges, group_size=info.world_size or ranks_analysed)
+    nccl_in_window = nccl_kernels.filter(rare_mask.gather(nccl_rows))
+    nccl_by_device = _intervals_by_device(nccl_in_window)
+
+    # -- pass 2 ------------------------------------------------------------------------------
+    two = _Pass2()
+    compute_lane = SegmentReducer(max_segments)
+    copies_lane = SegmentReducer(max_segments)
+    want_busy = bool(rare.select((pl.col("kind") == "graph").any()).item()) or one.launched_by_graph > 0
+    for part in op_slices():
+        ops = attributed(part)
+        mask = window_mask(ops, spans, pid_of_step)
+        _second_pass(two, ops, mask, launched_expr, nccl_by_device, compute_lane, copies_lane, want_busy)
+        del ops, mask
+    _close_unions(two, nccl_by_device, compute_lane, copies_lane)
+
+    # -- assembly ------------------------------------------------------------------------------
+    phase_type = schema["phase_id"]
+    phase_keys, phase_ns = one.phase_gpu.result()
+    phase_gpu = (
+        pl.DataFrame({"phase_id": _unpack_high(phase_keys), "gpu_ns": phase_ns})
+        .group_by("phase_id")
+        .agg(pl.col("gpu_ns").sum())
+        .cast({"phase_id": phase_type})
+    )
+    copies_per_step = (
+        pl.concat(one.step_copies).group_by("step_id").agg(pl.all().sum())
+        if one.step_copies
+        else step_copies(pl.DataFrame(schema=schema))
+    )
+    pieces = StepPieces(
+        any_in_steps=one.any_in_steps,
+        any_in_phases=one.any_in_phases,
+        nccl_in_steps=rare.filter(pl.col("is_nccl") & pl.col("step_id").is_not_null()).select(*STEP_NCCL_COLUMNS),
+        copies=copies_per_step,
+        phase_gpu=phase_gpu,
+    )
+    step_table = _step_rows(steps, phases, pieces, spans, gpu_timed=gpu_timed)
+    counts = two.counts or copies.copy_counts(pl.DataFrame(schema=schema))
+    sums = WindowSums(counts, two.pageable, one.dtod_step_bytes)
+    graph_busy = {
+        "graph": lambda: _busy_of(rare.filter(rare_mask & (pl.col("kind") == "graph"))),
+        "launched": lambda: int(two.busy_launched.result()[1].sum()),
+        "all": lambda: int(two.busy_all.result()[1].sum()),
+    }
+    graph_summary = graphs.summary(two.graph_count, two.launched_count, lambda part: graph_busy[part]())
+    near = {
+        dev: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        for dev, parts in sorted(two.near.items())
+        if parts
+    }
+    extents = None
+    if phases.height:
+        extents = (
+            pl.concat(one.extents).group_by("phase_id").agg(pl.col("start").min(), pl.col("end").max())
+            if one.extents
+            else pl.DataFrame(schema={"phase_id": phase_type, "start": pl.Int64, "end": pl.Int64})
+        )
+    window_graphs = rare.filter(rare_mask & (pl.col("kind") == "graph") & pl.col("start").is_not_null())
+    timeline_parts = TimelineParts(
+        bounds=(two.first, two.last, two.timed),
+        extents=extents,
+        compute_lane=compute_lane,
+        graphs=_union_of(window_graphs),
+        compute_near_nccl=near,
+        copies_lane=copies_lane,
+    )
+    bubble_spans = spans.select("step_id", pl.col("gpu_start").alias("s0"), pl.col("gpu_end").alias("s1"))
+    step_keys, covered = one.bubble.result()
+    bubble = BubbleInputs(
+        spans=bubble_spans,
+        covered=pl.DataFrame({"step_id": step_keys, "covered": covered}).cast({"step_id": step_type}),
+        has_kernels=one.has_step_kernels,
+    )
+    exposed_frame = _exposed_frame(nccl_in_window, near)
+    inputs = RankInputs(
+        resolved=resolved,
+        phases=phases,
+        op_counts=one.counts,
+        nccl_kernels=nccl_kernels,
+        nccl_in_window=nccl_in_window,
+        sums=sums,
+        exposed=lambda: nccl.exposed_time(exposed_frame),
+        step_table=step_table,
+        graph_summary=graph_summary,
+        rare_ops=rare,
+        rare_mask=rare_mask,
+        compute_near_nccl=near,
+        timeline=lambda step_rows, nccl_ops: assemble_timeline(
+            rank, timeline_parts, nccl_ops, step_rows, phases, max_segments=max_segments
+        ),
+        devices_used=pl.Series("device", sorted(two.devices, key=lambda d: (d is None, d)), dtype=schema["device"]),
+        bubble=bubble,
+    )
+    return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
+
+
+def _resolve_steps(capture: Capture, op_slices: OpSlices, patterns: Sequence[str], sources: Sequence[str]) -> Any:
+    """The rank's steps as :func:`resolve_steps` finds them on the whole frame: the sources that
+    read only ranges are tried on their own until one needs the ops (module docstring)."""
+    ranges_only = []
+    for source in sources:
+        if source in GPU_TIMED_SOURCES:
+            break
+        ranges_only.append(source)
+    no_ops = capture.gpu_ops.clear()
+    if ranges_only:
+        resolved = resolve_steps(capture.ranges, no_ops, capture.strings, patterns, ranges_only)
+        if resolved.source is not None or len(ranges_only) == len(sources):
+            return resolved
+    parts = [part.select(_SEQUENCE_COLUMNS) for part in op_slices()]
+    sequence = pl.concat(parts) if parts else no_ops.select(_SEQUENCE_COLUMNS)
+    return resolve_steps(capture.ranges, sequence, capture.strings, patterns, sources)
+
+
+def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: pl.Expr) -> None:
+    one.spans.append(step_spans(ops))
+    for key, value in op_counts(ops).items():
+        one.counts[key] += value
+    in_step = pl.col("step_id").is_not_null()
+    row = ops.select(
+        in_step.any().alias("steps"),
+        (in_step & pl.col("phase_id").is_not_null()).any().alias("phases"),
+        pl.col("bytes").filter(in_step & (pl.col("copy_kind") == "DtoD")).sum().alias("dtod"),
+        launched.sum().alias("launched"),
+        (in_step & (pl.col("kind") == "kernel")).any().alias("step_kernels"),
+    ).row(0, named=True)
+    one.any_in_steps |= bool(row["steps"])
+    one.any_in_phases |= bool(phases.height and row["phases"])
+    one.dtod_step_bytes += int(row["dtod"] or 0)
+    one.launched_by_graph += int(row["launched"] or 0)
+    one.has_step_kernels |= bool(row["step_kernels"])
+    in_steps = ops.lazy().filter(in_step)
+    one.step_copies.append(step_copies(in_steps))
+    if phases.height:
+        in_phases = ops.filter(in_step & pl.col("phase_id").is_not_null()).select("phase_id", "device", "start", "end")
+        one.phase_gpu.feed(
+            _pack(in_phases["phase_id"], in_phases["device"]),
+            in_phases["start"].to_numpy(),
+            in_phases["end"].to_numpy(),
+        )
+        one.extents.append(
+            ops.lazy()
+            .filter(pl.col("phase_id").is_not_null() & pl.col("start").is_not_null() & pl.col("end").is_not_null())
+            .group_by("phase_id")
+            .agg(pl.col("start").min(), pl.col("end").max())
+            .collect()
+        )
+    compute = ops.filter(in_step & (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False))
+    one.bubble.feed(_pack(compute["step_id"]), compute["start"].to_numpy(), compute["end"].to_numpy())
+    rare = pl.col("is_nccl") | (pl.col("kind") == "graph") | pl.col("copy_kind").is_in(copies.GPU_TO_CPU)
+    one.rare.append(ops.filter(rare.fill_null(False)))
+
+
+def _second_pass(
+    two: _Pass2,
+    ops: pl.DataFrame,
+    mask: pl.Series,
+    launched: pl.Expr,
+    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
+    compute_lane: SegmentReducer,
+    copies_lane: SegmentReducer,
+    want_busy: bool,
+) -> None:
+    window = ops.filter(mask)
+    counts = copies.copy_counts(window)
+    two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
+    two.pageable = tuple(a + b for a, b in zip(two.pageable, copies.pageable_bytes(window), strict=True))  # type: ignore[assignment]
+    two.devices.update(window["device"].unique().to_list())
+    timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+    if timed.height:
+        first, last = int(timed["start"].min()), int(timed["end"].max())  # type: ignore[arg-type]
+        two.first = first if two.first is None else min(two.first, first)
+        two.last = last if two.last is None else max(two.last, last)
+        two.timed += timed.height
+    kind = pl.col("kind").to_physical()
+    compute = timed.filter((kind == _KERNEL) & ~pl.col("is_nccl").fill_null(False)).select(
+        pl.col("device").fill_null(-1).cast(pl.Int64), "start", "end"
+    )
+    compute = compute.sort("start", maintain_order=True)
+    start, end = compute["start"].to_numpy(), compute["end"].to_numpy()
+    compute_lane.feed(*two.compute_all.feed(start, end))
+    device = compute["device"].to_numpy()
+    for dev in np.unique(device).tolist():
+        rows = np.flatnonzero(device == dev)
+        drain = two.compute_by_device.setdefault(dev, UnionDrain())
+        _keep_near(two, dev, *drain.feed(start[rows], end[rows]), nccl_by_device)
+    moved = timed.filter(kind.is_in(_COPY_CODES)).select("start", "end").sort("start", maintain_order=True)
+    copies_lane.feed(*two.copies_union.feed(moved["start"].to_numpy(), moved["end"].to_numpy()))
+    row = window.select((pl.col("kind") == "graph").sum().alias("g"), launched.sum().alias("l")).row(0)
+    two.graph_count += int(row[0] or 0)
+    two.launched_count += int(row[1] or 0)
+    if want_busy:
+        busy = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+        two.busy_all.feed(_pack(busy["device"]), busy["start"].to_numpy(), busy["end"].to_numpy())
+        by_graph = busy.filter(launched)
+        two.busy_launched.feed(_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
+
+
+def _close_unions(
+    two: _Pass2,
+    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
+    compute_lane: SegmentReducer,
+    copies_lane: SegmentReducer,
+) -> None:
+    compute_lane.feed(*two.compute_all.finish())
+    copies_lane.feed(*two.copies_union.finish())
+    for dev, drain in two.compute_by_device.items():
+        _keep_near(two, dev, *drain.finish(), nccl_by_device)
+
+
+def _keep_near(
+    two: _Pass2, device: int, start: np.ndarray, end: np.ndarray, nccl: dict[int, tuple[np.ndarray, np.ndarray]]
+) -> None:
+    """Keep the compute segments of ``device`` that meet (or touch) one of its NCCL intervals."""
+    two.near.setdefault(device, [])
+    if start.size == 0 or device not in nccl:
+        return
+    nccl_start, nccl_reach = nccl[device]
+    # The NCCL intervals that start by a segment's end; the latest end among them reaches its start?
+    upto = np.searchsorted(nccl_start, end, side="right")
+    reach = np.where(upto > 0, nccl_reach[np.maximum(upto - 1, 0)], _INT64_MIN)
+    meets = reach >= start
+    if meets.any():
+        two.near[device].append((start[meets], end[meets]))
+
+
+def _intervals_by_device(kernels: pl.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device (null → -1): the timed kernels' starts in order and the running max of their ends."""
+    timed = kernels.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null()).select(
+        pl.col("device").fill_null(-1).cast(pl.Int64), "start", "end"
+    )
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for (dev,), part in timed.sort("start").group_by(["device"], maintain_order=True):
+        out[int(dev)] = (part["start"].to_numpy(), np.maximum.accumulate(part["end"].to_numpy()))  # type: ignore[arg-type]
+    return out
+
+
+def _table_order(rare: pl.DataFrame) -> pl.DataFrame:
+    """The rare ops in the whole read's order: by table (kind), then as read (start order)."""
+    return rare.sort(pl.col("kind").to_physical(), maintain_order=True)
+
+
+def _busy_of(frame: pl.DataFrame) -> int:
+    timed = frame.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+    union = GroupUnion()
+    union.feed(_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
+    return int(union.result()[1].sum())
+
+
+def _union_of(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    from traceguard.metrics.timeline import union_intervals
+
+    return union_intervals(
+        frame["start"].to_numpy().astype(np.int64, copy=False), frame["end"].to_numpy().astype(np.int64, copy=False)
+    )
+
+
+def _exposed_frame(nccl_in_window: pl.DataFrame, near: dict[int, tuple[np.ndarray, np.ndarray]]) -> pl.DataFrame:
+    """The window's NCCL kernels and, as compute kernels, the compute segments that meet them:
+    :func:`traceguard.metrics.nccl.exposed_time` of it is the window's (|NCCL ∪ C| − |C| per device
+    does not change when segments of C that meet no NCCL kernel are left out)."""
+    columns = {"device": pl.Int32, "start": pl.Int64, "end": pl.Int64, "is_nccl": pl.Boolean}
+    kernels = nccl_in_window.select(
+        pl.lit("kernel", dtype=nccl_in_window.schema["kind"]).alias("kind"),
+        pl.col("device").fill_null(-1).cast(pl.Int32),
+        "start",
+        "end",
+        pl.lit(True).alias("is_nccl"),
+    )
+    segments = [
+        pl.DataFrame({"device": np.full(s.size, dev), "start": s, "end": e, "is_nccl": np.zeros(s.size, dtype=bool)})
+        .cast(columns)  # type: ignore[arg-type]
+        .with_columns(pl.lit("kernel", dtype=kernels.schema["kind"]).alias("kind"))
+        .select(kernels.columns)
+        for dev, (s, e) in near.items()
+    ]
+    return pl.concat([kernels, *segments])
+
+
+def iter_pid(slices: Iterable[pl.DataFrame], pid: int | None, rank: int) -> Iterator[pl.DataFrame]:
+    """The slices of one process (``pid`` None: all), with ``rank`` set."""
+    lit = pl.lit(rank, dtype=pl.Int32).alias("rank")
+    for part in slices:
+        yield (part if pid is None else part.filter(pl.col("pid") == pid)).with_columns(lit)
