@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,10 @@ from traceguard.ingest import (
     read_capture,
     resolve_ranks,
     stated_rank,
+    with_rank_hint,
 )
 from traceguard.metrics.rank import RankResult, analyse_rank
+from traceguard.model import GPU_OPS_SCHEMA, empty
 
 #: The environment variable naming a Dask scheduler when no ``--scheduler`` is given.
 SCHEDULER_ENV = "TRACEGUARD_DASK_SCHEDULER"
@@ -99,6 +101,11 @@ class MapOptions:
     step_patterns: tuple[str, ...] = ()
     step_sources: tuple[str, ...] | None = None
     small_bytes: int | None = None
+    #: nsys exports of at least this many bytes are analysed in time slices (memory bounded by a
+    #: slice, the same report; :mod:`traceguard.metrics.sliced`); None: :func:`sliced_above`'s default.
+    sliced_above: int | None = None
+    #: GPU ops per time slice of a sliced analysis.
+    slice_rows: int = 2_000_000
 
 
 @dataclass
@@ -149,7 +156,12 @@ class MappedRun:
 def copy_summary(rank: int, capture: Any) -> pl.DataFrame:
     """Memcpys and memsets of the whole capture (not only the analysis window) by kind, copy kind
     and memory kinds: ``ops``, Σ ``bytes``, Σ ``time_ns`` (end − start); column ``rank``."""
-    ops = capture.gpu_ops.filter(pl.col("kind").is_in(["memcpy", "memset"]))  # not graph executions
+    return copies_of(rank, capture.gpu_ops)
+
+
+def copies_of(rank: int, gpu_ops: pl.DataFrame) -> pl.DataFrame:
+    """:func:`copy_summary` of a frame of GPU ops (a time slice's, summed with :func:`add_copies`)."""
+    ops = gpu_ops.filter(pl.col("kind").is_in(["memcpy", "memset"]))  # not graph executions
     return (
         ops.group_by(*COPY_GROUPS)
         .agg(
@@ -161,14 +173,70 @@ def copy_summary(rank: int, capture: Any) -> pl.DataFrame:
     )
 
 
+def add_copies(parts: Sequence[pl.DataFrame], rank: int) -> pl.DataFrame:
+    """The :func:`copies_of` summaries of a capture's time slices as one, as if of the whole."""
+    if not parts:
+        return copies_of(rank, empty(GPU_OPS_SCHEMA))
+    summed = pl.concat(parts).group_by(*COPY_GROUPS).agg(pl.col("ops", "bytes", "time_ns").sum())
+    return summed.with_columns(pl.lit(rank).alias("rank")).cast(parts[0].schema)  # type: ignore[arg-type]
+
+
+#: The environment variable that sets :attr:`MapOptions.sliced_above` (bytes) when no option does.
+SLICED_ABOVE_ENV = "TRACEGUARD_SLICED_ABOVE"
+
+
+def sliced_above(options: MapOptions) -> int:
+    """The size from which an nsys export is analysed in time slices: the option, else
+    ``TRACEGUARD_SLICED_ABOVE``, else a quarter of this machine's memory (the whole-file analysis
+    peaks near 0.75× the export's size: a quarter leaves room for a pool of them)."""
+    if options.sliced_above is not None:
+        return options.sliced_above
+    env = os.environ.get(SLICED_ABOVE_ENV)
+    if env:
+        return parse_size(env)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 4 << 30
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``123``, ``512M``, ``4G``, ``1.5GB`` (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise InputError(f"{text!r} is not a size", hint="give bytes, or a number with K, M, G or T (e.g. 4G)")
+    scale = 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    return int(float(match.group(1)) * scale)
+
+
+def _sliced(path: Path, options: MapOptions) -> bool:
+    """Whether this input is analysed in time slices: an nsys SQLite export at least
+    :func:`sliced_above` bytes large."""
+    try:
+        size = path.stat().st_size
+        if size < sliced_above(options) or not path.is_file():
+            return False
+        with path.open("rb") as fh:
+            return fh.read(16).startswith(SQLITE_MAGIC)
+    except OSError:
+        return False  # the whole read says what is wrong
+
+
 def map_input(task: MapTask) -> MapOutcome:
     """The map step of one input (module docstring). Errors of the input become its record's
     ``error``; any other exception is a bug and propagates."""
     spec = task.spec
     record = InputRecord(path=str(spec.path))
     outcome = MapOutcome(task.index, record)
+    path = Path(task.base_dir) / spec.path
+    if _sliced(path, task.options):
+        try:
+            return _map_sliced(task, path, outcome)
+        except TraceguardError as exc:
+            record.error, record.error_code = str(exc), exc.code
+            return outcome
     try:
-        capture = read_capture(Path(task.base_dir) / spec.path, shown=str(spec.path), keep_correlation=False)
+        capture = read_capture(path, shown=str(spec.path), keep_correlation=False)
     except TraceguardError as exc:
         record.error, record.error_code = str(exc), exc.code
         return outcome
@@ -198,6 +266,97 @@ def map_input(task: MapTask) -> MapOutcome:
         outcome.copies.append(copy_summary(rank, part))
     outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
     return outcome
+
+
+def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome) -> MapOutcome:
+    """:func:`map_input` of an nsys export too large to hold: read and analysed in time slices
+    (traceguard.metrics.sliced), the same outcome.
+
+    The GPU processes (each a rank) are planned from the first slice and confirmed over every
+    slice during the first rank's first pass; should they differ (a process whose GPU work starts
+    later), the input is analysed again under the confirmed ones."""
+    from traceguard.ingest.nsys_slices import open_sliced
+    from traceguard.metrics import small_collectives
+    from traceguard.metrics.sliced import analyse_rank_sliced
+    from traceguard.metrics.steps import STEP_SOURCES
+
+    spec, record, options = task.spec, outcome.record, task.options
+    with open_sliced(path, shown=str(spec.path)) as source:
+        small = with_rank_hint(source.small_capture())
+        describe(record, small)
+        outcome.stated = stated_rank(spec, small.info.rank_hint)
+        outcome.uses_rank_count = small.info.world_size is None
+        first = next(iter(source.op_slices(options.slice_rows)), None)
+        pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
+        del first
+        for _attempt in range(2):
+            outcome.width = max(len(pids), 1)
+            outcome.results, outcome.copies = [], []
+            assignment = task.assignment
+            if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
+                return outcome  # planned under other ranks than the file holds: the reducer plans it again
+            census: dict[int, int | None] = {}
+            for index, (rank, part) in enumerate(rank_parts(small, pids, assignment)):
+                pid = pids[index] if len(pids) > 1 else None
+                slices = _RankSlices(source, options.slice_rows, pid, rank, census if index == 0 else None)
+                result = analyse_rank_sliced(
+                    rank,
+                    part,
+                    slices,
+                    step_patterns=options.step_patterns,
+                    step_sources=options.step_sources or STEP_SOURCES,
+                    ranks_analysed=task.ranks_analysed,
+                    small_bytes=options.small_bytes or small_collectives.DEFAULT_SMALL_BYTES,
+                    on_slice=slices.add_copies,
+                )
+                if index == 0:
+                    seen = pl.DataFrame(
+                        {"pid": list(census), "device": list(census.values())},
+                        schema={"pid": pl.Int64, "device": pl.Int64},
+                    )
+                    confirmed = gpu_processes(replace(small, gpu_ops=seen))
+                    if confirmed != pids:
+                        pids = confirmed
+                        break
+                outcome.results.append(result)
+                outcome.copies.append(add_copies(slices.copies, rank))
+            else:
+                outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
+                return outcome
+        raise AssertionError("the GPU processes changed twice")  # pragma: no cover - the census is exact
+
+
+@dataclass
+class _RankSlices:
+    """One rank's GPU ops of a sliced input, read afresh at each call; the first read also takes
+    the file's process census (``census``: pid → lowest device) and the rank's copy summaries."""
+
+    source: Any
+    rows: int
+    pid: int | None
+    rank: int
+    census: dict[int, int | None] | None
+    copies: list[pl.DataFrame] = field(default_factory=list)
+
+    def __call__(self) -> Iterator[pl.DataFrame]:
+        from traceguard.metrics.sliced import iter_pid
+
+        census, self.census = self.census, None
+        for raw in self.source.op_slices(self.rows):
+            if census is not None:
+                _count_processes(census, raw)
+            yield from iter_pid([raw], self.pid, self.rank)
+
+    def add_copies(self, ops: pl.DataFrame) -> None:
+        self.copies.append(copies_of(self.rank, ops))
+
+
+def _count_processes(census: dict[int, int | None], ops: pl.DataFrame) -> None:
+    """Add a slice's processes with GPU work and their lowest device (:func:`gpu_processes`' rule)."""
+    rows = ops.filter(pl.col("pid").is_not_null()).group_by("pid").agg(pl.col("device").min())
+    for pid, device in rows.iter_rows():
+        known = census.get(pid, device)
+        census[pid] = device if known is None or (device is not None and device < known) else known
 
 
 # -- planning ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import polars as pl
 from traceguard import pipeline
 from traceguard.checks.profiles import DEFAULT_PROFILE, Profile
 from traceguard.ingest.sides import side_files
+from traceguard.mapreduce import parse_size
 from traceguard.report import compare as report_compare
 from traceguard.report import html, markdown
 
@@ -289,6 +290,7 @@ def analyze(
     smi_q: PathLike | None = None,
     scheduler: str | None = None,
     jobs: int | None = None,
+    sliced_above: int | str | None = None,
 ) -> Analysis:
     """Analyse one run: capture files (nsys ``.sqlite[.gz]``/``.nsys-rep``, Kineto ``.json[.gz]``),
     run directories, and side files (NCCL logs, nvidia-smi output), as ``traceguard analyze`` does.
@@ -299,7 +301,8 @@ def analyze(
     can also be given among ``paths`` (recognised by content). ``scheduler`` / ``jobs``: where the
     per-file analyses run, as ``--scheduler`` / ``--jobs`` (``local``, ``serial``, a Dask address;
     :mod:`traceguard.mapreduce`); a script that uses the local process pool needs the
-    ``if __name__ == "__main__":`` guard.
+    ``if __name__ == "__main__":`` guard. ``sliced_above``: nsys exports of at least this size
+    (bytes, or ``"4G"``) are analysed in time slices with bounded memory, as ``--sliced-above``.
 
     Raises :class:`traceguard.errors.NoUsableInputError` (naming each file and what is wrong with it)
     when nothing given can be read, :class:`traceguard.errors.ProfileError` for a bad profile.
@@ -322,6 +325,7 @@ def analyze(
         step_sources=sources,
         scheduler=scheduler,
         jobs=jobs,
+        sliced_above=parse_size(sliced_above) if isinstance(sliced_above, str) else sliced_above,
     )
     return Analysis(report=raw.report, raw=raw)
 

@@ -57,6 +57,7 @@ def analyze(
     scheduler: str | None = None,
     jobs: int | None = None,
     on_ranks: RankProgress | None = None,
+    sliced_above: int | None = None,
 ) -> Analysis:
     """Analyse one run's captures and side inputs under a profile.
 
@@ -68,7 +69,9 @@ def analyze(
     The inputs are mapped one task per file on ``scheduler`` (``local``: ``jobs`` processes, by
     default one per core; ``serial``; or a Dask address; default ``TRACEGUARD_DASK_SCHEDULER``
     else ``local``) and ``on_ranks(done, total)`` is called as each finishes; the report is the
-    same whichever runs it (traceguard.mapreduce).
+    same whichever runs it (traceguard.mapreduce). nsys exports of at least ``sliced_above``
+    bytes (default: traceguard.mapreduce.sliced_above) are analysed in time slices, with memory
+    bounded by a slice; the report is the same (traceguard.metrics.sliced).
 
     Raises NoUsableInputError when neither a capture nor a side input can be read.
     """
@@ -93,6 +96,7 @@ def analyze(
         step_patterns=tuple(patterns),
         step_sources=tuple(step_sources) if step_sources else None,
         small_bytes=int(small_bytes) if small_bytes else None,
+        sliced_above=sliced_above,
     )
     specs = expand(i if isinstance(i, InputSpec) else parse_spec(i) for i in inputs)
     if not specs and not has_side:

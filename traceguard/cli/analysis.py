@@ -19,6 +19,7 @@ from traceguard.cli.common import (
     ProfileOpt,
     ReportFormat,
     SchedulerOpt,
+    SlicedAboveOpt,
     SmiQOpt,
     StepPatternOpt,
     StepSourceOpt,
@@ -63,11 +64,12 @@ def analyze_command(
     step_source: StepSourceOpt = None,
     scheduler: SchedulerOpt = None,
     jobs: JobsOpt = None,
+    sliced_above: SlicedAboveOpt = None,
 ) -> None:
     """Analyse captures of one run and print or write the report (exit 0 whenever a report is made)."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
     side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
-    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs)
+    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs, sliced_above)
     warn_inputs(analysis.report)
     write(render(analysis.report, format_for(out_path, fmt)), out_path)
 
@@ -87,11 +89,12 @@ def check_command(
     step_source: StepSourceOpt = None,
     scheduler: SchedulerOpt = None,
     jobs: JobsOpt = None,
+    sliced_above: SlicedAboveOpt = None,
 ) -> None:
     """The gate: exit 0 when no check fails, 1 when one does, 2 when no input is usable."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
     side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
-    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs)
+    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs, sliced_above)
     report = analysis.report
     warn_inputs(report)
     print_checks(report)

@@ -122,6 +122,17 @@ JobsOpt = Annotated[
         show_default=False,
     ),
 ]
+SlicedAboveOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sliced-above",
+        metavar="SIZE",
+        help="Analyse nsys SQLite exports of at least SIZE (bytes, or e.g. 512M, 4G) in time slices, with memory "
+        "bounded by a slice instead of growing with the file; the report is the same. Default: "
+        "TRACEGUARD_SLICED_ABOVE when set, else a quarter of this machine's memory.",
+        show_default=False,
+    ),
+]
 
 
 def side_paths(
@@ -204,9 +215,12 @@ def run_analysis(
     sources: list[str] | None = None,
     scheduler: str | None = None,
     jobs: int | None = None,
+    sliced_above: str | None = None,
 ) -> Analysis:
     """The analysis behind analyze and check, with a progress bar of the files analysed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from traceguard.mapreduce import parse_size
 
     bar = Progress(
         TextColumn("{task.description}"),
@@ -218,6 +232,7 @@ def run_analysis(
     )
     task = bar.add_task("reading captures", total=None)
     try:
+        slice_bytes = parse_size(sliced_above) if sliced_above is not None else None
         with bar:
             return analyze(
                 captures or [],
@@ -228,6 +243,7 @@ def run_analysis(
                 progress=lambda msg: bar.update(task, description=msg),
                 scheduler=scheduler,
                 jobs=jobs,
+                sliced_above=slice_bytes,
                 on_ranks=lambda done, total: bar.update(
                     task, description="analysing files", completed=done, total=total
                 ),

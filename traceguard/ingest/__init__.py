@@ -188,6 +188,12 @@ def _read_capture(path: Path, shown: str, keep_correlation: bool) -> model.Captu
         capture.info.format = "nsys-rep"
     else:
         capture = read_kineto(path, source_path=shown)
+    return with_rank_hint(capture)
+
+
+def with_rank_hint(capture: model.Capture) -> model.Capture:
+    """The capture, its ``rank_hint`` taken from the ``RANK`` nsys recorded for the process
+    when the reader found none."""
     if capture.info.rank_hint is None:
         stated = capture.info.env.get("RANK")  # the environment nsys recorded for the process
         if stated is not None and stated.isdigit():

@@ -1,0 +1,87 @@
+"""Runs whose nsys exports are analysed in time slices (``--sliced-above``, traceguard.metrics.sliced)
+give the report, byte for byte apart from ``generated_at``, that the whole-in-memory path gives:
+on the map/reduce cases where the rank plan is wrong (two GPU processes in one file, an unreadable
+first file, a file that states another rank than its name), the 4×H200 bundle and mixed runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import traceguard.metrics.sliced as sliced_module
+from tests.test_mapreduce import CASES, _private_cache, _same, _whole_in_memory, cases  # noqa: F401
+from traceguard import pipeline
+from traceguard.cli import app
+from traceguard.ingest.nsys_slices import SlicedNsys
+from traceguard.mapreduce import SLICED_ABOVE_ENV, parse_size
+
+
+@pytest.fixture
+def sliced_ranks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ranks analysed by the sliced path (to know it ran, not the whole-file one)."""
+    seen: list[int] = []
+    real = sliced_module.analyse_rank_sliced
+
+    def spy(rank: int, *args: object, **kwargs: object) -> sliced_module.RankResult:
+        seen.append(rank)
+        return real(rank, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sliced_module, "analyse_rank_sliced", spy)
+    return seen
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sliced_run_gives_the_whole_in_memory_report(
+    cases: dict[str, list[str]],  # noqa: F811
+    case: str,
+    sliced_ranks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = SlicedNsys.op_slices
+    monkeypatch.setattr(SlicedNsys, "op_slices", lambda self, max_rows=0: real(self, 997))  # many slices a file
+    expected = _whole_in_memory(cases[case])
+    got = pipeline.analyze(cases[case], scheduler="serial", sliced_above=0).report
+    assert _same(got) == _same(expected)
+    sqlite_inputs = [p for p in cases[case] if Path(p).suffix == ".sqlite" and Path(p).stat().st_size]
+    assert bool(sliced_ranks) == bool(sqlite_inputs)
+
+
+@pytest.mark.slow
+def test_sliced_run_on_the_process_pool(cases: dict[str, list[str]], sliced_ranks: list[int]) -> None:  # noqa: F811
+    inputs = cases["two_processes_first"]
+    expected = _whole_in_memory(inputs)
+    got = pipeline.analyze(inputs, scheduler="local", jobs=2, sliced_above=0).report
+    assert _same(got) == _same(expected)
+
+
+def test_only_exports_above_the_size_are_sliced(
+    cases: dict[str, list[str]],  # noqa: F811
+    sliced_ranks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inputs = cases["two_processes_first"]  # the h100 export (2 ranks) is 4 MB, mock 0.3 MB
+    sizes = sorted(Path(p).stat().st_size for p in inputs)
+    monkeypatch.setenv(SLICED_ABOVE_ENV, str(sizes[1]))
+    report = pipeline.analyze(inputs, scheduler="serial").report
+    assert sliced_ranks == [0, 1]
+    assert _same(report) == _same(_whole_in_memory(inputs))
+
+
+def test_cli_sliced_above(cases: dict[str, list[str]], tmp_path: Path) -> None:  # noqa: F811
+    runner = CliRunner()
+    inputs = cases["two_processes_first"]
+    out = tmp_path / "sliced.json"
+    done = runner.invoke(app, ["analyze", *inputs, "--scheduler", "serial", "--sliced-above", "1K", "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    bad = runner.invoke(app, ["analyze", *inputs, "--sliced-above", "lots"])
+    assert bad.exit_code == 2
+    assert "'lots' is not a size" in bad.output
+
+
+def test_sizes() -> None:
+    assert parse_size("4096") == 4096
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("1.5GB") == 3 << 29
+    assert parse_size("2 GiB") == 2 << 30
