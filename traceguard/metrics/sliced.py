@@ -32,8 +32,10 @@ needs the whole sequence, so its memory grows with the capture (about 33 bytes a
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,21 @@ from traceguard.model import OP_KINDS, Capture, bound_heap
 #: a new read.
 OpSlices = Callable[[], Iterable[pl.DataFrame]]
 
+#: Columns pass 2 reads, written per slice after pass 1 (the source is read once).
+_SPILL_COLUMNS = (
+    "pid",
+    "device",
+    "kind",
+    "start",
+    "end",
+    "is_nccl",
+    "step_id",
+    "copy_kind",
+    "src_kind",
+    "dst_kind",
+    "bytes",
+    "launch_name_id",
+)
 #: Columns step inference reads (module docstring: the one source that needs the whole sequence).
 _SEQUENCE_COLUMNS = ("rank", "pid", "device", "kind", "start", "end", "name_id")
 _KERNEL = OP_KINDS.index("kernel")
@@ -151,9 +168,10 @@ class GroupUnion:
     def feed(self, keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         if keys.size == 0:
             return
-        keys = keys.astype(np.int64, copy=False)
-        order = np.lexsort((start, keys))
-        k, s, e = keys[order], start[order].astype(np.int64), end[order].astype(np.int64)
+        # Polars' sort (threaded) where np.lexsort would take most of a slice's time.
+        rows = pl.DataFrame({"k": keys, "s": start, "e": end}, schema={"k": pl.Int64, "s": pl.Int64, "e": pl.Int64})
+        rows = rows.sort(["k", "s"], maintain_order=True)
+        k, s, e = (rows.get_column(c).to_numpy() for c in ("k", "s", "e"))
         n = k.size
         first = np.empty(n, dtype=bool)
         first[0] = True
@@ -298,13 +316,15 @@ def analyse_rank_sliced(
     small_bytes: int = small.DEFAULT_SMALL_BYTES,
     on_slice: Callable[[pl.DataFrame], None] | None = None,
     max_segments: int = MAX_SEGMENTS,
+    spill_dir: str | None = None,
 ) -> RankResult:
     """:func:`traceguard.metrics.rank.analyse_rank` of ``capture`` (its small frames: ranges,
     strings, devices, info; its ``gpu_ops`` unused) with the GPU ops from ``op_slices``
     (module docstring), ``rank`` already set on them. ``on_slice`` sees every slice of the
-    first pass as read (a caller's own sums, e.g. the run's copy summary)."""
+    first pass as read (a caller's own sums, e.g. the run's copy summary). Pass 2 reads the
+    slices back from a temporary directory under ``spill_dir`` (default: the system's), about 40
+    bytes an op, removed on return."""
     bound_heap()
-    info = capture.info
     strings = capture.strings
     resolved = _resolve_steps(capture, op_slices, step_patterns, step_sources)
     steps = resolved.steps
@@ -313,7 +333,6 @@ def analyse_rank_sliced(
     # Ops read with their launches (the nsys reader's slices) ignore the API calls; others (an
     # in-memory Kineto capture) are joined to the capture's.
     api_calls = capture.api_calls
-    pid_of_step = steps.select(pl.col("range_id").alias("step_id"), "pid")
     launched_expr: pl.Expr | None = None
 
     def attributed(part: pl.DataFrame) -> pl.DataFrame:
@@ -323,19 +342,58 @@ def analyse_rank_sliced(
     # -- pass 1 ------------------------------------------------------------------------------
     one = _Pass1()
     schema: dict[str, pl.DataType] | None = None
-    for part in op_slices():
-        if on_slice is not None:
-            on_slice(part)
-        ops = attributed(part)
-        schema = dict(ops.schema)
-        if launched_expr is None:
-            launched_expr = graphs.launched_by_graph(ops, strings)
-        _first_pass(one, ops, phases, launched_expr)
-        del ops
-    if schema is None:  # no ops at all: the whole-file analysis of an empty frame
-        schema = dict(attributed(capture.gpu_ops.clear()).schema)
-        launched_expr = pl.lit(False)
-    assert launched_expr is not None
+    with tempfile.TemporaryDirectory(prefix="traceguard-slices-", dir=spill_dir) as spill:
+        spilled: list[Path] = []
+        for part in op_slices():
+            if on_slice is not None:
+                on_slice(part)
+            ops = attributed(part)
+            schema = dict(ops.schema)
+            if launched_expr is None:
+                launched_expr = graphs.launched_by_graph(ops, strings)
+            _first_pass(one, ops, phases, launched_expr)
+            # What pass 2 reads of the slice, attributed: written once, so the source is read once.
+            spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
+            ops.select(_SPILL_COLUMNS).write_ipc(spilled[-1], compression="uncompressed")
+            del ops
+        if schema is None:  # no ops at all: the whole-file analysis of an empty frame
+            schema = dict(attributed(capture.gpu_ops.clear()).schema)
+            launched_expr = pl.lit(False)
+        assert launched_expr is not None
+        return _finish(
+            rank,
+            capture,
+            resolved,
+            phases,
+            one,
+            schema,
+            launched_expr,
+            spilled,
+            ranks_analysed=ranks_analysed,
+            small_bytes=small_bytes,
+            max_segments=max_segments,
+        )
+
+
+def _finish(
+    rank: int,
+    capture: Capture,
+    resolved: Any,
+    phases: pl.DataFrame,
+    one: _Pass1,
+    schema: dict[str, pl.DataType],
+    launched_expr: pl.Expr,
+    spilled: Sequence[Path],
+    *,
+    ranks_analysed: int,
+    small_bytes: int,
+    max_segments: int,
+) -> RankResult:
+    """Pass 2 over the spilled slices, then the assembly (module docstring)."""
+    info = capture.info
+    steps = resolved.steps
+    gpu_timed = resolved.gpu_timed
+    pid_of_step = steps.select(pl.col("range_id").alias("step_id"), "pid")
     step_type = schema["step_id"]
     spans = (
         pl.concat(one.spans).group_by("step_id").agg(pl.col("gpu_start").min(), pl.col("gpu_end").max())
@@ -354,8 +412,8 @@ def analyse_rank_sliced(
     compute_lane = SegmentReducer(max_segments)
     copies_lane = SegmentReducer(max_segments)
     want_busy = bool(rare.select((pl.col("kind") == "graph").any()).item()) or one.launched_by_graph > 0
-    for part in op_slices():
-        ops = attributed(part)
+    for path in spilled:
+        ops = pl.read_ipc(path)
         mask = window_mask(ops, spans, pid_of_step)
         _second_pass(two, ops, mask, launched_expr, nccl_by_device, compute_lane, copies_lane, want_busy)
         del ops, mask
