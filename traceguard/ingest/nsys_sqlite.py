@@ -17,6 +17,7 @@ per-row work is vectorized in SQL or Polars. Safety: the file is opened read-onl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -25,7 +26,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +199,19 @@ def read_nsys_sqlite(
     87 MB held through the whole analysis.
     """
     model.bound_heap()  # freed read buffers go back to the OS at once (model.bound_heap)
-    path = Path(path)
-    shown = source_path or str(path)
+    reader = open_reader(Path(path), source_path or str(path), launches_only, keep_correlation)
+    try:
+        with read_errors(reader.shown):
+            capture = reader.read()
+        _release_free_memory()
+        return capture
+    finally:
+        reader.close()
+
+
+def open_reader(path: Path, shown: str, launches_only: bool, keep_correlation: bool) -> _Reader:
+    """A :class:`_Reader` on ``path`` (gunzipped into the cache when gzipped), opened read-only
+    and hardened; ``shown`` names the file in messages. The caller closes it."""
     if not path.is_file():
         raise InputError(f"{shown}: no such file.")
     db = gunzip_cached(path) if _is_gzip(path) else path
@@ -208,14 +220,17 @@ def read_nsys_sqlite(
     except InputError as exc:
         raise InputError(exc.message.replace(str(db), shown, 1), hint=exc.hint) from exc
     try:
-        reader = _Reader(conn, db, shown, launches_only=launches_only, keep_correlation=keep_correlation)
+        return _Reader(conn, db, shown, launches_only=launches_only, keep_correlation=keep_correlation)
     except sqlite3.Error as exc:  # the schema itself is unreadable
         conn.close()
         raise wrap_sqlite_error(shown, exc) from exc
+
+
+@contextlib.contextmanager
+def read_errors(shown: str) -> Iterator[None]:
+    """Every failure of a read of ``shown`` as an :class:`InputError`."""
     try:
-        capture = reader.read()
-        _release_free_memory()
-        return capture
+        yield
     except sqlite3.Error as exc:
         raise wrap_sqlite_error(shown, exc) from exc
     except _READ_ERRORS as exc:
@@ -226,8 +241,6 @@ def read_nsys_sqlite(
             f"{shown} is a damaged nsys export: a column holds values of the wrong type ({reason})",
             hint="re-export it with `nsys export --type sqlite` or copy it again",
         ) from exc
-    finally:
-        reader.close()
 
 
 class _Reader:
@@ -335,13 +348,7 @@ class _Reader:
     # -- the model -----------------------------------------------------------------------------
 
     def read(self) -> model.Capture:
-        if not _looks_like_nsys(self.tables):
-            found = ", ".join(sorted(self.tables)[:8]) or "no tables"
-            raise InputError(
-                f"{self.shown} is a SQLite database but not an nsys export: it lacks nsys's "
-                f"StringIds and metadata/CUPTI/NVTX tables (found: {found}).",
-                hint="export the capture with `nsys export --type sqlite -o X.sqlite X.nsys-rep`",
-            )
+        self.check_nsys()
         self.check_row_limit()
         strings = self.strings()
         launch_ids = self.launch_name_ids(strings) if self.launches_only else None
@@ -359,6 +366,28 @@ class _Reader:
             api_calls = model.empty(model.API_CALLS_SCHEMA)
             if not self.keep_correlation:  # a constant null column costs no memory
                 gpu_ops = gpu_ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
+        return model.Capture(
+            info=info,
+            gpu_ops=gpu_ops,
+            api_calls=api_calls,
+            ranges=ranges,
+            devices=self.devices(),
+            processes=self.processes(),
+            strings=self.all_strings(strings),
+        )
+
+    def check_nsys(self) -> None:
+        """Raise :class:`InputError` unless the file has nsys's tables."""
+        if not _looks_like_nsys(self.tables):
+            found = ", ".join(sorted(self.tables)[:8]) or "no tables"
+            raise InputError(
+                f"{self.shown} is a SQLite database but not an nsys export: it lacks nsys's "
+                f"StringIds and metadata/CUPTI/NVTX tables (found: {found}).",
+                hint="export the capture with `nsys export --type sqlite -o X.sqlite X.nsys-rep`",
+            )
+
+    def all_strings(self, strings: pl.DataFrame) -> pl.DataFrame:
+        """``StringIds`` plus the synthetic copy/set names and the graph names read so far."""
         all_strings = pl.concat(
             [
                 strings,
@@ -371,15 +400,7 @@ class _Reader:
                 ),
             ]
         )
-        return model.Capture(
-            info=info,
-            gpu_ops=gpu_ops,
-            api_calls=api_calls,
-            ranges=ranges,
-            devices=self.devices(),
-            processes=self.processes(),
-            strings=model.conform(all_strings, model.STRINGS_SCHEMA),
-        )
+        return model.conform(all_strings, model.STRINGS_SCHEMA)
 
     def strings(self) -> pl.DataFrame:
         frame = self.bulk("StringIds", [("id", "id", _INT), ("value", "value", _TEXT)])
@@ -516,8 +537,8 @@ class _Reader:
             if column in cols
         ]
 
-    def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]]) -> pl.DataFrame:
-        frame = self.bulk(table, self._gpu_spec(table, extra))
+    def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]], where: str = "") -> pl.DataFrame:
+        frame = self.bulk(table, self._gpu_spec(table, extra), where)
         if "global_pid" in frame.columns:
             frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
         return frame
@@ -555,34 +576,39 @@ class _Reader:
         return out
 
     def gpu_ops(self) -> pl.DataFrame:
+        frames = self.node_ops()
+        if GRAPH_TRACE in self.tables:
+            graphs = self.graph_executions(frames)
+            if graphs.height:
+                frames.append(graphs)
+        return conform_ops(frames)
+
+    def node_ops(self, where: Mapping[str, str] | None = None) -> list[pl.DataFrame]:
+        """Kernels, memcpys and memsets, one frame per table the file has, in that order (not
+        yet conformed: :func:`conform_ops`). ``where`` maps a table to the SQL ``WHERE`` clause
+        its rows must meet (a table not named: every row)."""
+        where = where or {}
         frames: list[pl.DataFrame] = []
         if KERNEL in self.tables:
             cols = self.columns(KERNEL)
             name_col = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
             extra = [("name_id", name_col)] if name_col else []
-            kernels = self._gpu_bulk(KERNEL, extra)
+            kernels = self._gpu_bulk(KERNEL, extra, where.get(KERNEL, ""))
             frames.append(kernels.with_columns(pl.lit("kernel", dtype=model.OpKind).alias("kind")))
         if MEMCPY in self.tables:
             extra = [("bytes", "bytes"), ("copy_code", "copyKind"), ("src_code", "srcKind")]
             extra.append(("dst_code", "dstKind"))
-            copies = self._gpu_bulk(MEMCPY, extra)
+            copies = self._gpu_bulk(MEMCPY, extra, where.get(MEMCPY, ""))
             frames.append(self._map_copies(copies))
         if MEMSET in self.tables:
-            sets = self._gpu_bulk(MEMSET, [("bytes", "bytes")])
+            sets = self._gpu_bulk(MEMSET, [("bytes", "bytes")], where.get(MEMSET, ""))
             frames.append(
                 sets.with_columns(
                     pl.lit("memset", dtype=model.OpKind).alias("kind"),
                     pl.lit(MEMSET_NAME_ID, dtype=pl.Int64).alias("name_id"),
                 )
             )
-        if GRAPH_TRACE in self.tables:
-            graphs = self.graph_executions(frames)
-            if graphs.height:
-                frames.append(graphs)
-        if not frames:
-            return model.empty(model.GPU_OPS_SCHEMA)
-        conformed = [model.conform(frame, model.GPU_OPS_SCHEMA) for frame in frames]
-        return pl.concat(conformed, how="vertical", rechunk=False)
+        return frames
 
     def graph_executions(self, node_frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
         """CUDA graph executions traced whole, as GPU ops of kind ``graph`` (a small read of its own:
@@ -683,9 +709,12 @@ class _Reader:
             return model.empty(model.API_CALLS_SCHEMA)
         return pl.concat(frames, how="vertical", rechunk=False)
 
-    def api_table(self, table: str, condition: str = "", launch_ids: Sequence[int] | None = None) -> pl.DataFrame:
+    def api_table(
+        self, table: str, condition: str = "", launch_ids: Sequence[int] | None = None, rowid: str | None = None
+    ) -> pl.DataFrame:
         """One API table's columns as the model types them, minus the null ones; rows meeting
-        ``condition`` (SQL) and, with ``launch_ids``, only calls of those names."""
+        ``condition`` (SQL) and, with ``launch_ids``, only calls of those names. With ``rowid``
+        (the rowid's name in ``table``) also an Int64 ``rowid`` column."""
         cols = self.columns(table)
         conditions = [condition] if condition else []
         if launch_ids is not None and "nameId" in cols:
@@ -703,6 +732,8 @@ class _Reader:
             )
             if column in cols
         ]
+        if rowid is not None:
+            spec.append(("rowid", rowid, _INT))
         frame = self.bulk(table, spec, where)
         # Every column in its model type in one pass (one new array each, no intermediates).
         types = model.API_CALLS_SCHEMA
@@ -712,6 +743,8 @@ class _Reader:
                 tid = pl.col(name)
                 columns.append(_pid_of(tid).cast(types["pid"]).alias("pid"))
                 columns.append(_tid_of(tid).cast(types["tid"]).alias("tid"))
+            elif name == "rowid":
+                columns.append(pl.col(name))
             else:
                 columns.append(pl.col(name).cast(types[name]))
         return frame.select(columns)
@@ -730,15 +763,45 @@ class _Reader:
         missing = (rows.is_null() & keyed).arg_true()
         if missing.len() == 0:
             return model.add_columns(gpu_ops, columns)
-        wanted = gpu_ops["correlation_id"].gather(missing).unique().sort()
+        wanted = gpu_ops["correlation_id"].gather(missing).unique()
         if wanted.len() > REREAD_IDS:
             return model.join_launches(gpu_ops, self.api_calls())
-        parts = [(table, f"correlationId IN ({_int_list(wanted.to_list())})") for table in self.api_tables()]
-        others = self.api_calls(parts)
-        found = model.gather_launches(others, model.launch_rows(gpu_ops[missing], others))
+        found = self.reread_launches(gpu_ops[missing])
         return model.add_columns(
             gpu_ops, (col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True))
         )
+
+    def reread_launches(self, ops: pl.DataFrame, launch_ids: Sequence[int] | None = None) -> list[pl.Series]:
+        """The :data:`model.LAUNCH_SCHEMA` columns of ``ops`` from the API rows re-read by the ops'
+        correlation ids (every API table scanned, :data:`REREAD_IDS` ids per query): per op the
+        first call with its (pid, correlation id), in table then rowid order; with
+        ``launch_ids``, the first :data:`LAUNCH_API` call when there is one (what the
+        launches-only read joins), else the first call of any name."""
+        ids = ops["correlation_id"].drop_nulls().unique().sort().to_list()
+        if not ids:
+            return model.gather_launches(model.empty(model.API_CALLS_SCHEMA), pl.Series([None] * ops.height))
+        frames: list[pl.DataFrame] = []
+        for table in self.api_tables():  # one table's chunks together: table order, then rowid order
+            for lo in range(0, len(ids), REREAD_IDS):
+                cond = f"correlationId IN ({_int_list(ids[lo : lo + REREAD_IDS])})"
+                frame = model.conform(self.api_table(table, cond), model.API_CALLS_SCHEMA)
+                if launch_ids is not None:
+                    # As :meth:`api_table` filters: a table without names holds launches only.
+                    named = "nameId" in self.columns(table)
+                    launch = pl.col("name_id").is_in(list(launch_ids)) if named else pl.lit(True)
+                    frame = frame.with_columns(launch.fill_null(False).alias("_launch"))
+                frames.append(frame)
+        others = pl.concat(frames, how="vertical") if frames else model.empty(model.API_CALLS_SCHEMA)
+        if launch_ids is None:
+            return model.gather_launches(others, model.launch_rows(ops, others))
+        launches = others.filter(pl.col("_launch"))
+        rows = model.launch_rows(ops, launches)
+        columns = model.gather_launches(launches, rows)
+        missing = rows.is_null().arg_true()
+        if missing.len() == 0:
+            return columns
+        found = model.gather_launches(others, model.launch_rows(ops[missing], others))
+        return [col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True)]
 
     def start_api_calls(self, launch_ids: Sequence[int] | None = None) -> _PendingApiCalls:
         """Start reading the API tables in a second process when they are big and a core is free.
@@ -1000,6 +1063,15 @@ def int_frame(names: list[str], columns: list[tuple[Any, Any]], rows: int) -> pl
     frame = pl.from_arrow(pa.Table.from_arrays(arrays, names=names), rechunk=False)
     assert isinstance(frame, pl.DataFrame)
     return frame
+
+
+def conform_ops(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """Per-table op frames (:meth:`_Reader.node_ops`, graph executions) as one ``gpu_ops`` frame
+    of :data:`model.GPU_OPS_SCHEMA`, in the order given."""
+    if not frames:
+        return model.empty(model.GPU_OPS_SCHEMA)
+    conformed = [model.conform(frame, model.GPU_OPS_SCHEMA) for frame in frames]
+    return pl.concat(conformed, how="vertical", rechunk=False)
 
 
 def _int_list(values: Sequence[int]) -> str:

@@ -1,0 +1,229 @@
+"""The sliced nsys read against the whole read.
+
+``open_sliced`` must give, on every real export, the whole read's small frames and, slice by
+slice, exactly its ``gpu_ops`` (launch columns included) in start order, with memory bounded by
+the slice. The block machinery (binary search over rowids, the launch cache across blocks, API
+tables split into runs, dropped launches re-read) only runs when a file holds more ops than a
+block, so it is also run with blocks of one op and a short launch lag. A GPU table out of start
+order must be refused, as must a launch key order the slices cannot resolve.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from tests.conftest import OWN, PUBLIC_NSYS, public_nsys
+from traceguard import model
+from traceguard.errors import InputError
+from traceguard.ingest import nsys_slices, nsys_sqlite
+from traceguard.ingest.nsys_slices import OpSlice, open_sliced
+from traceguard.ingest.nsys_sqlite import read_nsys_sqlite
+
+OWN_NSYS = sorted(OWN.glob("h200/*/cap_*.sqlite.gz"))
+GRAPHS = sorted((OWN / "cuda_graphs").glob("*.sqlite.gz"))
+CAPTURES = PUBLIC_NSYS + OWN_NSYS + GRAPHS
+#: Two API runs (a late-written block per process), duplicated keys, a CUDA graph capture, one
+#: of ours: the files that exercise the launch join's special cases.
+SPECIAL = [
+    public_nsys("h100_2gpu_1s"),
+    public_nsys("mfu_2gpu_before"),
+    public_nsys("saxpy"),
+    OWN / "cuda_graphs" / "graph_level.sqlite.gz",
+    OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz",
+]
+SMALL = ("ranges", "devices", "processes", "strings")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tg-cache"))
+
+
+def _ident(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def _whole(db: Path, keep_correlation: bool = False) -> model.Capture:
+    return read_nsys_sqlite(db, launches_only=True, keep_correlation=keep_correlation)
+
+
+def _by_start(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort("start", maintain_order=True)
+
+
+def _check_slices(windows: list[OpSlice], whole: pl.DataFrame, max_rows: int) -> None:
+    """Every op once, the whole read's values and types, slices consecutive and in start
+    order, at most ``max_rows`` ops unless they share one start."""
+    for piece in windows:
+        assert piece.ops.schema == whole.schema
+        assert piece.lo < piece.hi
+        if piece.ops.height:
+            starts = piece.ops["start"]
+            assert piece.lo <= starts.min() and starts.max() < piece.hi  # type: ignore[operator]
+            assert piece.ops.height <= max_rows or starts.n_unique() == 1
+    for before, after in itertools.pairwise(windows):
+        assert before.hi == after.lo
+    got = pl.concat([w.ops for w in windows]) if windows else whole.clear()
+    assert_frame_equal(_by_start(got), _by_start(whole))
+
+
+@pytest.mark.parametrize("gz", CAPTURES, ids=[_ident(p) for p in CAPTURES])
+def test_slices_match_whole_read(gz: Path, unpacked) -> None:
+    db = unpacked(gz)
+    whole = _whole(db)
+    with open_sliced(db) as sliced:
+        small = sliced.small_capture()
+        assert small.info == whole.info
+        for name in SMALL:
+            assert_frame_equal(getattr(small, name), getattr(whole, name))
+        assert small.gpu_ops.height == 0 and small.gpu_ops.schema == whole.gpu_ops.schema
+        assert small.api_calls.height == 0 and small.api_calls.schema == whole.api_calls.schema
+        for max_rows in (1, 7, 1000, 10**7):
+            windows = list(sliced.op_windows(max_rows))
+            _check_slices(windows, whole.gpu_ops, max_rows)
+            again = list(sliced.op_slices(max_rows))  # a second pass reads the file again
+            assert len(again) == len(windows)
+            for first, second in zip(windows, again, strict=True):
+                assert_frame_equal(first.ops, second)
+
+
+@pytest.mark.parametrize("gz", CAPTURES, ids=[_ident(p) for p in CAPTURES])
+def test_small_blocks_match_whole_read(gz: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of ``max_rows`` ops: each block found by binary search, launches joined from the
+    rows read so far (the API tables split into runs where they are out of order)."""
+    db = unpacked(gz)
+    whole = _whole(db).gpu_ops
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    with open_sliced(db) as sliced:
+        for max_rows in (100, 1000):
+            _check_slices(list(sliced.op_windows(max_rows)), whole, max_rows)
+
+
+@pytest.mark.parametrize("gz", SPECIAL, ids=[_ident(p) for p in SPECIAL])
+def test_dropped_launches_are_reread(gz: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch cache that keeps launches 1 µs or 3 blocks' rows at most: ops whose launch was
+    dropped (or may share a key with one dropped) take the exact re-read, in chunks of ids."""
+    db = unpacked(gz)
+    whole = _whole(db).gpu_ops
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    monkeypatch.setattr(nsys_slices, "LAUNCH_LAG_NS", 1_000)
+    monkeypatch.setattr(nsys_slices, "LAUNCH_CACHE_FACTOR", 3)
+    monkeypatch.setattr(nsys_sqlite, "REREAD_IDS", 5)
+    rereads: list[int] = []
+    reread = nsys_sqlite._Reader.reread_launches
+
+    def counted(self: nsys_sqlite._Reader, ops: pl.DataFrame, launch_ids: list[int] | None = None) -> list[pl.Series]:
+        rereads.append(ops.height)
+        return reread(self, ops, launch_ids)
+
+    monkeypatch.setattr(nsys_sqlite._Reader, "reread_launches", counted)
+    with open_sliced(db) as sliced:
+        for max_rows in (2, 5) if whole.height < 100 else (20, 200):  # several blocks in every file
+            _check_slices(list(sliced.op_windows(max_rows)), whole, max_rows)
+    assert rereads  # the fallback ran
+
+
+def test_keep_correlation(unpacked) -> None:
+    db = unpacked(public_nsys("h100_2gpu_1s"))
+    whole = _whole(db, keep_correlation=True).gpu_ops
+    assert whole["correlation_id"].null_count() < whole.height
+    with open_sliced(db, keep_correlation=True) as sliced:
+        _check_slices(list(sliced.op_windows(1000)), whole, 1000)
+
+
+def _copy(db: Path, tmp_path: Path) -> Path:
+    target = tmp_path / db.name
+    shutil.copyfile(db, target)
+    return target
+
+
+def _swap_rows(db: Path, table: str, first: int, second: int) -> None:
+    """Swap every column of two rows of ``table`` (their rowids stay)."""
+    conn = sqlite3.connect(db)
+    try:
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        rows = {
+            rowid: conn.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE rowid = ?", (rowid,)).fetchone()
+            for rowid in (first, second)
+        }
+        sets = ", ".join(f"{c} = ?" for c in columns)
+        for rowid, other in ((first, second), (second, first)):
+            conn.execute(f"UPDATE {table} SET {sets} WHERE rowid = ?", (*rows[other], rowid))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("max_rows", "block_rows"), [(10, 1), (10, nsys_slices.MIN_BLOCK_ROWS), (10**7, 1)])
+def test_kernels_out_of_order_are_refused(
+    unpacked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_rows: int, block_rows: int
+) -> None:
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", block_rows)
+    db = _copy(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"), tmp_path)
+    table = nsys_sqlite.KERNEL
+    _swap_rows(db, table, 100, 200)
+    whole = _whole(db).gpu_ops  # the whole read takes the file as it is
+    assert whole.height
+    with open_sliced(db) as sliced:
+        assert sliced.small_capture().gpu_ops.height == 0
+        with pytest.raises(InputError, match=f"{table} is not in time order") as caught:
+            list(sliced.op_slices(max_rows))
+    assert "cannot be read in slices" in caught.value.message
+    assert caught.value.hint == "analyse it whole"
+
+
+def test_launch_key_order_unresolvable_in_slices_is_refused(
+    unpacked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h100_2gpu_1s's API table is two runs, one per process. Give a launch row from the middle
+    of the first run the key of an early launch of the second: the whole read joins that row
+    (first in rowid order) to the early op. Once the runs are known (after a first pass, which
+    reads the first run whole when it meets the second), slices of 100 ops join the early launch
+    before that row is read, so they refuse; one block holding everything does not."""
+    db = _copy(unpacked(public_nsys("h100_2gpu_1s")), tmp_path)
+    conn = sqlite3.connect(db)
+    try:
+        table = nsys_sqlite.RUNTIME
+        starts = [row[0] for row in conn.execute(f"SELECT start FROM {table} ORDER BY rowid")]
+        split = next(i for i in range(1, len(starts)) if starts[i] < starts[i - 1]) + 1  # rowid of the 2nd run
+        kernels = nsys_sqlite.KERNEL
+        pid_of = "(globalTid >> 24) & 16777215"
+        early = conn.execute(  # the second run's launch row of its process's first kernel
+            f"SELECT r.rowid, r.correlationId, r.globalTid, k.start FROM {table} r JOIN {kernels} k "
+            f"ON k.correlationId = r.correlationId AND (k.globalPid >> 24) & 16777215 = {pid_of} "
+            f"WHERE r.rowid >= ? ORDER BY k.start LIMIT 1",
+            (split,),
+        ).fetchone()
+        last = conn.execute(f"SELECT max(start) FROM {kernels}").fetchone()[0]
+        late = conn.execute(  # a launch row of the first run halfway between that kernel and the last
+            f"SELECT rowid FROM {table} WHERE rowid < ? AND start > ? AND start < ? AND "
+            f"nameId = (SELECT nameId FROM {table} WHERE rowid = ?) ORDER BY rowid DESC LIMIT 1",
+            (split, (early[3] + last) // 2, last, early[0]),
+        ).fetchone()
+        conn.execute(
+            f"UPDATE {table} SET correlationId = ?, globalTid = ? WHERE rowid = ?", (early[1], early[2], late[0])
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    whole = _whole(db).gpu_ops
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    monkeypatch.setattr(nsys_slices, "LAUNCH_CACHE_FACTOR", 1000)  # every launch row stays cached
+    with open_sliced(db) as sliced:  # runs not known: the first run is read whole when the second is met
+        _check_slices(list(sliced.op_windows(100)), whole, 100)
+    with open_sliced(db) as sliced:
+        _check_slices(list(sliced.op_windows(10**7)), whole, 10**7)  # one block; finds the runs
+        with pytest.raises(InputError, match="cannot resolve"):
+            list(sliced.op_slices(100))
+
+
+def test_max_rows_must_be_positive(unpacked) -> None:
+    with open_sliced(unpacked(public_nsys("mock"))) as sliced, pytest.raises(ValueError):
+        next(sliced.op_slices(0))

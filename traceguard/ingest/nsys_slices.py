@@ -1,0 +1,712 @@
+"""Read an nsys SQLite export's GPU ops in time slices, with memory bounded by the slice size.
+
+:func:`read_nsys_sqlite` holds every GPU op at once (≈100 bytes each: 10 GB at 100 M kernels).
+:func:`open_sliced` reads the same export as the small frames (:meth:`SlicedNsys.small_capture`)
+plus the ops in consecutive time slices (:meth:`SlicedNsys.op_slices`): concatenated and
+stable-sorted by start, the slices are exactly the whole read's ``gpu_ops``
+(``launches_only=True, keep_correlation=False``), launch columns included.
+
+How a slice is found without reading the file whole: nsys writes each GPU activity table
+(kernels, memcpys, memsets) in start order, so the rows of a time window are one rowid range,
+found by binary search on the rowid (``SELECT start ... WHERE rowid >= ? LIMIT 1``, a b-tree
+probe). The order is checked on every row read; a table out of order raises :class:`InputError`.
+CUDA graph executions are few (one row per graph launch) and kept in memory.
+
+Launches: an op's launch (the first :data:`LAUNCH_API` call with its (pid, correlation id), in
+table then rowid order; see :func:`model.launch_rows`) starts before the op, possibly long
+before. Before a slice [lo, hi) is joined, every launch row with ``start < hi`` has been read:
+the CUDA API tables are only nearly in start order (late-written blocks), so they are split
+once into runs that are in order (one pass over their ``start`` column) and each run is read up
+to ``hi`` by the same binary search. Launch rows stay in a cache, in table then rowid order,
+until they are :data:`LAUNCH_LAG_NS` older than the slice (or the cache passes its row bound).
+An op is joined from the cache only when that is certainly what the whole read joins: its key
+is in the cache and no row with a key that could be the same was dropped from it (per pid, the
+largest correlation id dropped). Every other op (launched by a call outside
+:data:`LAUNCH_API`, launched before the capture, or whose launch was dropped) is joined by an
+exact re-read of the API tables by correlation id (:meth:`_Reader.reread_launches`). A launch
+row read after an op was joined, with the op's key and ahead of its join in table order (a
+duplicated key whose earlier row starts after the op: never seen in nsys exports, where
+correlation ids are unique per process), would change that join: it raises :class:`InputError`.
+
+One difference from the whole read remains: with more than :data:`REREAD_IDS` ops missing a
+launch row the whole read joins every op to the first API call of any name; the slices keep the
+launch-first rule, which gives the same values unless a non-launch call shares a launch call's
+(pid, correlation id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple
+
+import numpy as np
+import polars as pl
+
+from traceguard import model
+from traceguard.errors import InputError
+from traceguard.ingest.nsys_sqlite import (
+    GRAPH_TRACE,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    REREAD_IDS,
+    _int_list,
+    _Reader,
+    conform_ops,
+    open_reader,
+    read_errors,
+)
+
+#: Stands for a null ``start`` in the API tables' order: such a row sorts first (read with the
+#: first slice), as it can match an op at any time.
+_NULL_START = -(1 << 63)
+#: Rows per block read from the GPU tables at the least: smaller slices are cut from a block in
+#: memory (a block costs a few SQLite queries and a launch join; at one op per slice those would
+#: dominate).
+MIN_BLOCK_ROWS = 1 << 16
+#: Launch rows are kept this long (ns, by their start) after the slice that read them: a GPU op
+#: can run long after its launch (a deep queue), and a later op can share a launch (graph nodes).
+LAUNCH_LAG_NS = 30_000_000_000
+#: The launch cache holds at most this many rows per block row (the oldest go first); with
+#: :data:`LAUNCH_LAG_NS` this bounds it in time and in memory.
+LAUNCH_CACHE_FACTOR = 2
+#: Rows per query of the one pass that splits an API table into runs in start order.
+RUN_SCAN_ROWS = 1 << 20
+#: Rowid ranges per query when reading launch rows (an OR of ranges; SQLite's expression depth
+#: limit is 100, :mod:`.sqlite_safe`).
+_RANGES_PER_QUERY = 32
+#: A launch-cache row: the columns :func:`model.launch_rows` and :func:`model.gather_launches`
+#: read, typed as the whole read's API frame types them, plus the row's rowid and whether an op
+#: was joined to it.
+_CACHE_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.Int32(),
+    "tid": pl.Int32(),
+    "start": pl.Int64(),
+    "name_id": pl.Int32(),
+    "correlation_id": pl.Int64(),
+    "rowid": pl.Int64(),
+    "used": pl.Boolean(),
+}
+#: A joined launch row dropped from the cache: its API table (index), rowid and key.
+_JOINED_SCHEMA: dict[str, pl.DataType] = {
+    "table": pl.Int32(),
+    "rowid": pl.Int64(),
+    "pid": pl.Int32(),
+    "correlation_id": pl.Int64(),
+}
+#: Joined rows dropped from the cache that are still checked exactly against rows read later
+#: (where order is checked); older ones only by their correlation ids per pid.
+JOINED_RECORD_ROWS = 1 << 18
+_NODE_TABLES = (KERNEL, MEMCPY, MEMSET)
+
+
+class OpSlice(NamedTuple):
+    """The GPU ops that start in [``lo``, ``hi``) ns; consecutive slices share a bound."""
+
+    lo: int
+    hi: int
+    ops: pl.DataFrame
+
+
+def open_sliced(path: Path, *, shown: str | None = None, keep_correlation: bool = False) -> SlicedNsys:
+    """Open one nsys SQLite export (or a gzipped one) for a sliced read; close it after use
+    (a context manager). ``shown`` names the file in messages (default: ``path``).
+    ``keep_correlation`` as :func:`read_nsys_sqlite`'s (default: null, as the analysis reads)."""
+    model.bound_heap()  # freed slices go back to the OS at once (model.bound_heap)
+    path = Path(path)
+    name = shown or str(path)
+    reader = open_reader(path, name, launches_only=True, keep_correlation=keep_correlation)
+    try:
+        with read_errors(name):
+            return SlicedNsys(reader)
+    except BaseException:
+        reader.close()
+        raise
+
+
+@dataclass
+class _GpuTable:
+    """One GPU activity table during an iteration: its rows not yet read are rowids >= ``cursor``."""
+
+    name: str
+    rowid: str
+    end: int  #: one past the last rowid
+    cursor: int
+    last_start: int | None = None  #: start of the last row read (the order check across blocks)
+
+
+@dataclass
+class _Run:
+    """Rowids [``lo``, ``end``) of an API table in start order (``last_start``: its last row's
+    start, None when not known); ``cursor``: the first rowid not read."""
+
+    lo: int
+    end: int
+    last_start: int | None
+    cursor: int = 0
+
+
+@dataclass
+class _ApiTable:
+    """An API table during an iteration. Until a pass over it found its runs (``split``), it is
+    taken as one run and checked on the rows read: out of order, it is split then."""
+
+    name: str
+    rowid: str
+    runs: list[_Run]
+    split: bool
+    last_start: int | None = None  #: start of the last launch row read (the check while one run)
+
+
+class SlicedNsys:
+    """An nsys export opened for a sliced read (:func:`open_sliced`)."""
+
+    def __init__(self, reader: _Reader) -> None:
+        self._reader = reader
+        self.shown = reader.shown
+        reader.check_nsys()
+        reader.check_row_limit()
+        self._strings = reader.strings()
+        self._launch_ids = reader.launch_name_ids(self._strings)
+        self._graphs: pl.DataFrame | None = None  # conformed graph executions, once read
+        #: API table → its runs (lo, end, last start), once a table was found out of order.
+        self._runs: dict[str, list[tuple[int, int, int | None]]] = {}
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> SlicedNsys:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- the small frames ----------------------------------------------------------------------
+
+    def small_capture(self) -> model.Capture:
+        """What ``read_nsys_sqlite(path, launches_only=True, keep_correlation=...)`` returns, but
+        with ``gpu_ops`` empty (its schema, launch columns included)."""
+        reader = self._reader
+        with read_errors(self.shown):
+            domains = reader.domain_names()
+            info = reader.info(domains)
+            self._graph_ops()  # names the graphs (reader.graph_strings)
+            ranges = reader.ranges(self._strings, domains)
+            return model.Capture(
+                info=info,
+                gpu_ops=model.empty({**model.GPU_OPS_SCHEMA, **model.LAUNCH_SCHEMA}),
+                api_calls=model.empty(model.API_CALLS_SCHEMA),
+                ranges=ranges,
+                devices=reader.devices(),
+                processes=reader.processes(),
+                strings=reader.all_strings(self._strings),
+            )
+
+    def _graph_ops(self) -> pl.DataFrame:
+        """The CUDA graph executions the whole read keeps, conformed (empty when none). An
+        execution with node rows is dropped (:meth:`_Reader.graph_executions`): those rows are
+        found by one scan of each node table for the executions' correlation ids."""
+        if self._graphs is not None:
+            return self._graphs
+        reader = self._reader
+        graphs = model.empty(model.GPU_OPS_SCHEMA)
+        if GRAPH_TRACE in reader.tables:
+            ids: list[int] = []
+            if "correlationId" in reader.columns(GRAPH_TRACE):
+                found = reader.bulk(GRAPH_TRACE, [("id", "correlationId", "int")], "WHERE correlationId IS NOT NULL")
+                ids = sorted({int(i) for i in found["id"].to_list()})
+            covered: list[pl.DataFrame] = []
+            for table in _NODE_TABLES:
+                if table not in reader.tables or "correlationId" not in reader.columns(table):
+                    continue
+                for lo in range(0, len(ids), REREAD_IDS):
+                    where = f"WHERE correlationId IN ({_int_list(ids[lo : lo + REREAD_IDS])})"
+                    covered.append(reader._gpu_bulk(table, [], where))
+            executions = reader.graph_executions(covered)
+            if executions.height:
+                graphs = model.conform(executions, model.GPU_OPS_SCHEMA)
+                if graphs["start"].null_count():
+                    raise _not_in_order(self.shown, GRAPH_TRACE, "rows without a start time")
+        self._graphs = graphs
+        return graphs
+
+    # -- the ops, in slices --------------------------------------------------------------------
+
+    def op_slices(self, max_rows: int = 2_000_000) -> Iterator[pl.DataFrame]:
+        """The whole read's ``gpu_ops`` in time slices (see :meth:`op_windows`)."""
+        for piece in self.op_windows(max_rows):
+            yield piece.ops
+
+    def op_windows(self, max_rows: int = 2_000_000) -> Iterator[OpSlice]:
+        """Every GPU op once, in consecutive time slices [lo, hi) of at most about ``max_rows``
+        ops (more only when more ops share one start), in start order; within a slice in the
+        whole read's order (kernels, memcpys, memsets, graph executions, each in rowid order).
+        Columns, types and launch columns as the whole read's ``gpu_ops``. Each call reads the
+        file again; memory follows ``max(max_rows, MIN_BLOCK_ROWS)``, not the file."""
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        with read_errors(self.shown):
+            yield from self._windows(max_rows)
+
+    def _windows(self, max_rows: int) -> Iterator[OpSlice]:
+        block_rows = max(max_rows, MIN_BLOCK_ROWS)
+        graphs = self._graph_ops()
+        tables = self._gpu_tables()
+        launches = _Launches(self._reader, self._api_tables(), self._launch_ids, block_rows, self._split)
+        graph_starts = np.sort(graphs["start"].to_numpy()) if graphs.height else np.empty(0, dtype=np.int64)
+        firsts = [s for t in tables if (s := self._start_at(t, t.cursor)) is not None]
+        if graph_starts.size:
+            firsts.append(int(graph_starts[0]))
+        if not firsts:
+            return
+        lo = min(firsts)
+        lasts = [self._last_start(t) for t in tables if t.cursor < t.end]
+        if graph_starts.size:
+            lasts.append(int(graph_starts[-1]))
+        top = max(lasts) + 1  # one past every start, when the tables are in order
+        while True:
+            hi = self._next_hi(tables, graph_starts, lo, top, block_rows)
+            last = hi >= top
+            ranges = {t.name: (t.cursor, t.end if last else self._lower_bound(t, hi, t.cursor, t.end)) for t in tables}
+            ops = self._read_block(tables, ranges, graphs, lo, hi)
+            ops = launches.attach(ops, hi)
+            if not self._reader.keep_correlation:
+                ops = ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
+            if last:
+                launches.drain()  # before the last slice goes out: a conflict raises first
+            if max_rows >= block_rows:
+                yield OpSlice(lo, hi, ops)
+            else:
+                yield from _cut(ops, lo, hi, max_rows)
+            del ops  # the block is the consumer's now: not held while the next one is read
+            if last:
+                return
+            lo = hi
+
+    def _read_block(
+        self,
+        tables: list[_GpuTable],
+        ranges: dict[str, tuple[int, int]],
+        graphs: pl.DataFrame,
+        lo: int,
+        hi: int,
+    ) -> pl.DataFrame:
+        """The ops of rowid ``ranges`` (one per GPU table) and the graph executions starting in
+        [lo, hi), through the whole read's own code; each table's starts checked in order."""
+        where = {}
+        for table in tables:
+            first, end = ranges[table.name]
+            where[table.name] = f"WHERE {table.rowid} >= {first} AND {table.rowid} < {end}"
+        frames = self._reader.node_ops(where)
+        for table, frame in zip(tables, frames, strict=True):
+            self._check_order(table, frame, lo, hi)
+            table.cursor = ranges[table.name][1]
+        if graphs.height:
+            frames.append(graphs.filter((pl.col("start") >= lo) & (pl.col("start") < hi)))
+        return conform_ops(frames)
+
+    def _check_order(self, table: _GpuTable, frame: pl.DataFrame, lo: int, hi: int) -> None:
+        if frame.height == 0:
+            return
+        if "start" not in frame.columns or frame["start"].null_count():
+            raise _not_in_order(self.shown, table.name, "rows without a start time")
+        starts = frame["start"]
+        first, final = int(starts[0]), int(starts[-1])
+        ordered = bool((starts.diff().drop_nulls() >= 0).all())
+        after = table.last_start is None or first >= table.last_start
+        if not (ordered and after and first >= lo and final < hi):
+            raise _not_in_order(self.shown, table.name, "rows out of start order")
+        table.last_start = final
+
+    def _gpu_tables(self) -> list[_GpuTable]:
+        """The node tables the file has (the order :meth:`_Reader.node_ops` returns them in), each
+        with its rowid range."""
+        reader = self._reader
+        out = []
+        for name in _NODE_TABLES:
+            if name not in reader.tables:
+                continue
+            rowid, first, last = _rowid_bounds(reader, name, self.shown)
+            out.append(_GpuTable(name, rowid, last + 1, first))
+        return out
+
+    def _api_tables(self) -> list[_ApiTable]:
+        """The API tables at the start of an iteration: as runs where a pass split them, else
+        as one run."""
+        out = []
+        for name in self._reader.api_tables():
+            rowid, first, last = _rowid_bounds(self._reader, name, self.shown)
+            if name in self._runs:
+                runs = [_Run(lo, end, final, lo) for lo, end, final in self._runs[name]]
+                out.append(_ApiTable(name, rowid, runs, split=True))
+            else:
+                out.append(_ApiTable(name, rowid, [_Run(first, last + 1, None, first)], split=False))
+        return out
+
+    def _split(self, table: _ApiTable) -> None:
+        """Split ``table`` into runs (one pass), remembered for later iterations; the rows before
+        the table's single cursor count as read."""
+        (single,) = table.runs
+        runs = _find_runs(self._reader, table.name, table.rowid)
+        self._runs[table.name] = runs
+        table.runs = [_Run(lo, end, final, min(max(single.cursor, lo), end)) for lo, end, final in runs]
+        table.split = True
+
+    def _probe(self, table: str, rowid: str, at: int) -> tuple[int, int] | None:
+        """(rowid, start) of the first row at rowid ``at`` or later; a null start as
+        :data:`_NULL_START`."""
+        return _probe(self._reader, table, rowid, at)
+
+    def _start_at(self, table: _GpuTable, at: int) -> int | None:
+        row = self._probe(table.name, table.rowid, at)
+        return None if row is None or row[0] >= table.end else row[1]
+
+    def _last_start(self, table: _GpuTable) -> int:
+        quoted = table.name.replace('"', '""')
+        sql = f'SELECT CAST(start AS INTEGER) FROM "{quoted}" ORDER BY {table.rowid} DESC LIMIT 1'
+        if "start" not in self._reader.columns(table.name):
+            raise _not_in_order(self.shown, table.name, "rows without a start time")
+        rows = self._reader.small(sql)
+        if not rows or rows[0][0] is None:
+            raise _not_in_order(self.shown, table.name, "rows without a start time")
+        return int(rows[0][0])
+
+    def _lower_bound(self, table: _GpuTable, value: int, first: int, end: int) -> int:
+        return _lower_bound(self._reader, table.name, table.rowid, value, first, end)
+
+    def _count(self, tables: list[_GpuTable], graph_starts: np.ndarray, lo: int, value: int, limit: int) -> int:
+        """Ops not yet read that start before ``value`` (rowid distances: gaps count as rows);
+        each table's count is cut at ``limit + 1``."""
+        total = 0
+        for table in tables:
+            end = min(table.end, table.cursor + limit + 1)
+            total += self._lower_bound(table, value, table.cursor, end) - table.cursor
+        if graph_starts.size:
+            total += int(np.searchsorted(graph_starts, value) - np.searchsorted(graph_starts, lo))
+        return total
+
+    def _next_hi(self, tables: list[_GpuTable], graph_starts: np.ndarray, lo: int, top: int, rows: int) -> int:
+        """The end of the block starting at ``lo``: the largest time with at most ``rows`` ops
+        not yet read before it, or ``lo + 1`` when more than ``rows`` ops start at ``lo``;
+        ``top`` when everything left fits."""
+        if self._count(tables, graph_starts, lo, top, rows) <= rows:
+            return top
+        high = top  # more than ``rows`` ops start before it
+        for table in tables:  # narrow it: the start of each table's (rows+1)-th row
+            at = table.cursor + rows
+            if at < table.end and (start := self._start_at(table, at)) is not None and lo < start + 1 < high:
+                high = start + 1
+        low = lo + 1
+        if self._count(tables, graph_starts, lo, low, rows) > rows:
+            return low
+        while high - low > 1:  # count(low) <= rows < count(high)
+            mid = (low + high) // 2
+            if self._count(tables, graph_starts, lo, mid, rows) <= rows:
+                low = mid
+            else:
+                high = mid
+        return low
+
+
+def _cut(ops: pl.DataFrame, lo: int, hi: int, max_rows: int) -> Iterator[OpSlice]:
+    """A block's ops as consecutive slices of at most ``max_rows`` ops (or all ops of one start),
+    each keeping the block's row order."""
+    if ops.height == 0:
+        yield OpSlice(lo, hi, ops)
+        return
+    starts = ops["start"].to_numpy()
+    ordered = np.sort(starts)
+    bounds = [lo]
+    at = 0
+    while at < ordered.size:
+        first = int(ordered[at])
+        nxt = at + max_rows
+        if nxt >= ordered.size:
+            break
+        cut = int(ordered[nxt])
+        if cut == first:  # more than max_rows ops start at ``first``: one slice for them all
+            cut = first + 1
+        bounds.append(cut)
+        at = int(np.searchsorted(ordered, cut, side="left"))
+    bounds.append(hi)
+    part = np.searchsorted(np.asarray(bounds[1:-1], dtype=np.int64), starts, side="right")
+    ordered_ops = ops.with_columns(pl.Series("_part", part, dtype=pl.Int64)).sort("_part", maintain_order=True)
+    counts = np.bincount(part, minlength=len(bounds) - 1)
+    offset = 0
+    for index, count in enumerate(counts.tolist()):
+        piece = ordered_ops.slice(offset, count).drop("_part")
+        offset += count
+        yield OpSlice(bounds[index], bounds[index + 1], piece)
+
+
+class _Launches:
+    """The launch join of one iteration: the launch rows read so far (:data:`_CACHE_SCHEMA`, one
+    frame per API table, rowid order) and what was dropped from them."""
+
+    def __init__(
+        self,
+        reader: _Reader,
+        tables: list[_ApiTable],
+        launch_ids: list[int],
+        block_rows: int,
+        split: Callable[[_ApiTable], None],
+    ) -> None:
+        self.reader = reader
+        self.tables = tables
+        self.launch_ids = launch_ids
+        self.split = split
+        self.cache = [model.empty(_CACHE_SCHEMA) for _ in tables]
+        #: pid → the largest correlation id of a launch row dropped from the cache.
+        self.dropped: dict[int, int] = {}
+        self.limit = LAUNCH_CACHE_FACTOR * block_rows
+        #: Joined rows dropped from the cache (table index, rowid, key), the latest
+        #: :data:`JOINED_RECORD_ROWS`; pid → the largest correlation id of those forgotten.
+        self.joined = model.empty(_JOINED_SCHEMA)
+        self.forgotten: dict[int, int] = {}
+
+    @property
+    def check_order(self) -> bool:
+        """Whether a row read later can come ahead of a row read before in table order (then
+        the rows read are checked against the joins made): several API tables, or a table in
+        several runs."""
+        return len(self.tables) > 1 or any(len(t.runs) > 1 for t in self.tables)
+
+    def attach(self, ops: pl.DataFrame, hi: int) -> pl.DataFrame:
+        """``ops`` (all starting before ``hi``) plus the :data:`model.LAUNCH_SCHEMA` columns the
+        whole read gives them."""
+        self.read_until(hi)
+        calls = pl.concat(self.cache, how="vertical", rechunk=False)
+        rows = model.launch_rows(ops, calls)
+        columns = model.gather_launches(calls, rows)
+        keyed = ops["pid"].is_not_null() & ops["correlation_id"].is_not_null()
+        unsure = (rows.is_null() | self.doubtful(ops)) & keyed
+        if unsure.any():
+            missing = unsure.arg_true()
+            found = self.reader.reread_launches(ops[missing], self.launch_ids)
+            columns = [col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True)]
+            rows = rows.scatter(missing, None)
+        self.mark_used(rows)
+        self.evict(hi)
+        return model.add_columns(ops, columns)
+
+    def doubtful(self, ops: pl.DataFrame) -> pl.Series:
+        """Ops whose key a dropped launch row may have had (its correlation id at most the
+        largest dropped for its pid)."""
+        if not self.dropped:
+            return pl.Series([False] * ops.height, dtype=pl.Boolean)
+        return _at_most(ops, self.dropped)
+
+    def read_until(self, hi: int | None) -> None:
+        """Read every launch row starting before ``hi`` not read yet (each run up to ``hi``;
+        None: to its end)."""
+        for index, table in enumerate(self.tables):
+            self.read_table(index, table, hi)
+
+    def read_table(self, index: int, table: _ApiTable, hi: int | None) -> None:
+        ranges: list[tuple[int, int]] = []
+        for run in table.runs:
+            if run.cursor >= run.end:
+                continue
+            if hi is None or (run.last_start is not None and run.last_start < hi):
+                stop = run.end
+            else:
+                stop = _lower_bound(self.reader, table.name, table.rowid, hi, run.cursor, run.end)
+            if stop > run.cursor:
+                if ranges and ranges[-1][1] == run.cursor:
+                    ranges[-1] = (ranges[-1][0], stop)
+                else:
+                    ranges.append((run.cursor, stop))
+            run.cursor = stop
+        if not ranges:
+            return
+        frames = []
+        for lo in range(0, len(ranges), _RANGES_PER_QUERY):
+            cond = " OR ".join(
+                f"({table.rowid} >= {a} AND {table.rowid} < {b})" for a, b in ranges[lo : lo + _RANGES_PER_QUERY]
+            )
+            read = self.reader.api_table(table.name, cond, self.launch_ids, rowid=table.rowid)
+            frames.append(model.conform(read.with_columns(pl.lit(False).alias("used")), _CACHE_SCHEMA))
+        new = pl.concat(frames, how="vertical", rechunk=False)
+        if not new["rowid"].is_sorted():
+            new = new.sort("rowid", maintain_order=True)
+        if self.check_order and new.height:
+            self.check_new(index, new)
+        merged = pl.concat([self.cache[index], new], how="vertical", rechunk=False)
+        if not merged["rowid"].is_sorted():
+            merged = merged.sort("rowid", maintain_order=True)
+        self.cache[index] = merged
+        if not table.split and new.height:
+            starts = new["start"].fill_null(_NULL_START)
+            first, final = int(starts[0]), int(starts[-1])
+            in_order = bool((starts.diff().drop_nulls() >= 0).all())
+            if in_order and (table.last_start is None or first >= table.last_start):
+                table.last_start = final
+            else:  # a late-written block: find the runs, read each up to ``hi``
+                # Rows read so far are a rowid prefix: every row read after the split comes
+                # after them in table order, so the joins made so far stand.
+                self.split(table)
+                self.read_table(index, table, hi)
+
+    def drain(self) -> None:
+        """After the last slice: read the launch rows left (they start after every op) where
+        they can come ahead of a joined row in table order, for :meth:`check_new`."""
+        if self.check_order:
+            self.evict(None)  # keep no more than a block's worth while reading the rest
+            self.read_until(None)
+
+    def check_new(self, index: int, new: pl.DataFrame) -> None:
+        """Raise when a launch row just read (of table ``index``) comes, in table order, ahead
+        of a row an op was joined to with the same key (that op's join would have been this
+        row), or may (its key at most a forgotten join's)."""
+        keys = ["pid", "correlation_id"]
+        joined = [self.joined]
+        for other, cached in enumerate(self.cache):
+            used = cached.filter(pl.col("used"))
+            if used.height:
+                joined.append(
+                    used.select(pl.lit(other, dtype=pl.Int32).alias("table"), "rowid", *keys).cast(
+                        {"pid": pl.Int32, "correlation_id": pl.Int64}
+                    )
+                )
+        earlier = pl.concat(joined, how="vertical").rename({"rowid": "_joined_rowid"})
+        hits = new.select(*keys, "rowid").join(earlier, on=keys, how="inner")
+        ahead = (pl.col("table") > index) | ((pl.col("table") == index) & (pl.col("rowid") < pl.col("_joined_rowid")))
+        if hits.filter(ahead).height or (self.forgotten and bool(_at_most(new, self.forgotten).any())):
+            raise InputError(
+                f"{self.reader.shown}: CUDA API rows share a (process, correlation id) key in an "
+                "order that a sliced read cannot resolve",
+                hint="analyse the file whole",
+            )
+
+    def mark_used(self, rows: pl.Series) -> None:
+        """Flag the cache rows ``rows`` (indices into the tables' caches, concatenated) as joined."""
+        picked = rows.drop_nulls().cast(pl.Int64).unique().to_numpy()
+        if picked.size == 0:
+            return
+        offset = 0
+        for index, cached in enumerate(self.cache):
+            mine = picked[(picked >= offset) & (picked < offset + cached.height)] - offset
+            if mine.size:
+                flags = cached["used"].scatter(mine, True)
+                self.cache[index] = cached.with_columns(flags)
+            offset += cached.height
+
+    def evict(self, hi: int | None) -> None:
+        """Drop launch rows :data:`LAUNCH_LAG_NS` older than ``hi``, then the oldest beyond the
+        cache's bound (``hi`` None: all), remembering per pid the largest correlation id dropped
+        and, where order is checked, the joined rows dropped."""
+        cutoff = (1 << 63) - 1 if hi is None else hi - LAUNCH_LAG_NS
+        total = sum(c.height for c in self.cache)
+        if total > self.limit:
+            starts = np.concatenate([c["start"].fill_null(_NULL_START).to_numpy() for c in self.cache])
+            cutoff = max(cutoff, int(np.partition(starts, total - self.limit)[total - self.limit]))
+        for index, cached in enumerate(self.cache):
+            old = pl.col("start").fill_null(_NULL_START) < cutoff
+            if not cached.select(old.any()).item():
+                continue
+            # Only the dropped rows' keys are needed: no copy of them is made.
+            _raise_marks(self.dropped, cached.lazy().filter(old))
+            if self.check_order:
+                used = cached.lazy().filter(old & pl.col("used"))
+                used = used.select(pl.lit(index, dtype=pl.Int32).alias("table"), "rowid", "pid", "correlation_id")
+                self.joined = pl.concat([self.joined, used.collect().cast(_JOINED_SCHEMA)], how="vertical")
+            self.cache[index] = cached.filter(~old)
+        if self.joined.height > JOINED_RECORD_ROWS:  # forget the oldest: keep their marks only
+            excess = self.joined.height - JOINED_RECORD_ROWS
+            _raise_marks(self.forgotten, self.joined.lazy().head(excess))
+            self.joined = self.joined.slice(excess)
+
+
+def _raise_marks(marks: dict[int, int], rows: pl.LazyFrame) -> None:
+    """``marks[pid]`` raised to the largest correlation id of ``rows`` with that pid."""
+    for pid, corr in rows.group_by("pid").agg(pl.col("correlation_id").max()).collect().iter_rows():
+        if pid is not None and corr is not None:
+            marks[pid] = max(marks.get(pid, corr), corr)
+
+
+def _at_most(frame: pl.DataFrame, marks: dict[int, int]) -> pl.Series:
+    """Per row of ``frame``: its correlation id is at most ``marks`` of its pid."""
+    table = pl.DataFrame(
+        {"pid": list(marks), "_mark": list(marks.values())},
+        schema={"pid": frame.schema["pid"], "_mark": pl.Int64},
+    )
+    joined = frame.select("pid", "correlation_id").join(table, on="pid", how="left", maintain_order="left")
+    return (joined["correlation_id"] <= joined["_mark"]).fill_null(False)
+
+
+def _rowid_bounds(reader: _Reader, table: str, shown: str) -> tuple[str, int, int]:
+    """(rowid name, first rowid, last rowid) of ``table`` (last < first when empty)."""
+    rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in reader.columns(table)), None)
+    if rowid is None:
+        raise _not_in_order(shown, table, "no rowid")
+    quoted = table.replace('"', '""')
+    # Two queries: a lone min() or max() of the rowid is read from the b-tree's ends.
+    low = reader.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0]
+    high = reader.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0]
+    return rowid, int(low), int(high)
+
+
+def _probe(reader: _Reader, table: str, rowid: str, at: int) -> tuple[int, int] | None:
+    quoted = table.replace('"', '""')
+    start = "CAST(start AS INTEGER)" if "start" in reader.columns(table) else "NULL"
+    rows = reader.small(f'SELECT {rowid}, {start} FROM "{quoted}" WHERE {rowid} >= ? ORDER BY {rowid} LIMIT 1', (at,))
+    if not rows:
+        return None
+    found, value = rows[0]
+    return int(found), _NULL_START if value is None else int(value)
+
+
+def _lower_bound(reader: _Reader, table: str, rowid: str, value: int, first: int, end: int) -> int:
+    """The first rowid position in [``first``, ``end``) whose row starts at ``value`` or later
+    (``end`` when none), by binary search: the rows there must be in start order."""
+    low, high = first, end
+    while low < high:
+        mid = (low + high) // 2
+        row = _probe(reader, table, rowid, mid)
+        if row is None or row[0] >= high or row[1] >= value:
+            high = mid  # no row in [mid, row's rowid) exists: position mid is the same place
+        else:
+            low = row[0] + 1
+    return low
+
+
+def _find_runs(reader: _Reader, table: str, rowid: str) -> list[tuple[int, int, int | None]]:
+    """``table`` split into rowid ranges [lo, end) each in start order (with the start of its
+    last row), by one pass over its starts, :data:`RUN_SCAN_ROWS` rows at a time."""
+    quoted = table.replace('"', '""')
+    first = int(reader.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0])
+    last = int(reader.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0])
+    start = "start" if "start" in reader.columns(table) else "NULL"
+    spec = [("rowid", rowid, "int"), ("start", start, "int")]
+    runs: list[tuple[int, int, int | None]] = []
+    run_lo = first
+    previous: int | None = None
+    for lo in range(first, last + 1, RUN_SCAN_ROWS):
+        part = reader.bulk(table, spec, f"WHERE {rowid} >= {lo} AND {rowid} < {lo + RUN_SCAN_ROWS}")
+        if part.height == 0:
+            continue
+        starts = part["start"].fill_null(_NULL_START).to_numpy()
+        rowids = part["rowid"].to_numpy()
+        if previous is not None and starts[0] < previous:
+            runs.append((run_lo, int(rowids[0]), previous))
+            run_lo = int(rowids[0])
+        for at in np.flatnonzero(starts[1:] < starts[:-1]) + 1:
+            runs.append((run_lo, int(rowids[at]), int(starts[at - 1])))
+            run_lo = int(rowids[at])
+        previous = int(starts[-1])
+    runs.append((run_lo, last + 1, previous))
+    return runs
+
+
+def _not_in_order(shown: str, table: str, what: str) -> InputError:
+    return InputError(
+        f"{shown}: the export's {table} is not in time order ({what}), so it cannot be read in slices",
+        hint="analyse it whole",
+    )
