@@ -130,6 +130,20 @@ def test_dropped_launches_are_reread(gz: Path, unpacked, monkeypatch: pytest.Mon
     assert rereads  # the fallback ran
 
 
+@pytest.mark.parametrize("reader", ["c", "adbc", "one core"])
+def test_readers(unpacked, monkeypatch: pytest.MonkeyPatch, reader: str) -> None:
+    """The same slices whether launch rows are read on a second thread (the C reader, two
+    cores), on this one, or by ADBC (no C reader)."""
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    whole = _whole(db).gpu_ops
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    monkeypatch.setattr(nsys_sqlite, "_free_cores", lambda: 1 if reader == "one core" else 2)
+    if reader == "adbc":
+        monkeypatch.setattr(nsys_sqlite, "_int_scan", None)
+    with open_sliced(db) as sliced:
+        _check_slices(list(sliced.op_windows(500)), whole, 500)
+
+
 def test_keep_correlation(unpacked) -> None:
     db = unpacked(public_nsys("h100_2gpu_1s"))
     whole = _whole(db, keep_correlation=True).gpu_ops

@@ -36,7 +36,9 @@ launch-first rule, which gives the same values unless a non-launch call shares a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +49,7 @@ import polars as pl
 
 from traceguard import model
 from traceguard.errors import InputError
+from traceguard.ingest import nsys_sqlite
 from traceguard.ingest.nsys_sqlite import (
     GRAPH_TRACE,
     KERNEL,
@@ -271,24 +274,33 @@ class SlicedNsys:
         if graph_starts.size:
             lasts.append(int(graph_starts[-1]))
         top = max(lasts) + 1  # one past every start, when the tables are in order
-        while True:
-            hi = self._next_hi(tables, graph_starts, lo, top, block_rows)
-            last = hi >= top
-            ranges = {t.name: (t.cursor, t.end if last else self._lower_bound(t, hi, t.cursor, t.end)) for t in tables}
-            ops = self._read_block(tables, ranges, graphs, lo, hi)
-            ops = launches.attach(ops, hi)
-            if not self._reader.keep_correlation:
-                ops = ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
-            if last:
-                launches.drain()  # before the last slice goes out: a conflict raises first
-            if max_rows >= block_rows:
-                yield OpSlice(lo, hi, ops)
-            else:
-                yield from _cut(ops, lo, hi, max_rows)
-            del ops  # the block is the consumer's now: not held while the next one is read
-            if last:
-                return
-            lo = hi
+        # The launch rows of a block are read on a second thread while this one reads its GPU
+        # rows (the C reader releases the GIL; its connections are its own).
+        parallel = nsys_sqlite._int_scan is not None and nsys_sqlite._free_cores() >= 2
+        with ThreadPoolExecutor(max_workers=1) if parallel else contextlib.nullcontext() as pool:
+            while True:
+                hi = self._next_hi(tables, graph_starts, lo, top, block_rows)
+                last = hi >= top
+                ranges = {
+                    t.name: (t.cursor, t.end if last else self._lower_bound(t, hi, t.cursor, t.end)) for t in tables
+                }
+                plans = launches.plan(hi)
+                pending = pool.submit(launches.fetch, plans) if pool is not None else None
+                ops = self._read_block(tables, ranges, graphs, lo, hi)
+                launches.merge(pending.result() if pending is not None else launches.fetch(plans), hi)
+                ops = launches.attach(ops, hi)
+                if not self._reader.keep_correlation:
+                    ops = ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
+                if last:
+                    launches.drain()  # before the last slice goes out: a conflict raises first
+                if max_rows >= block_rows:
+                    yield OpSlice(lo, hi, ops)
+                else:
+                    yield from _cut(ops, lo, hi, max_rows)
+                del ops  # the block is the consumer's now: not held while the next one is read
+                if last:
+                    return
+                lo = hi
 
     def _read_block(
         self,
@@ -480,8 +492,8 @@ class _Launches:
 
     def attach(self, ops: pl.DataFrame, hi: int) -> pl.DataFrame:
         """``ops`` (all starting before ``hi``) plus the :data:`model.LAUNCH_SCHEMA` columns the
-        whole read gives them."""
-        self.read_until(hi)
+        whole read gives them; every launch row starting before ``hi`` must have been read
+        (:meth:`read_until`)."""
         calls = pl.concat(self.cache, how="vertical", rechunk=False)
         rows = model.launch_rows(ops, calls)
         columns = model.gather_launches(calls, rows)
@@ -492,7 +504,8 @@ class _Launches:
             found = self.reader.reread_launches(ops[missing], self.launch_ids)
             columns = [col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True)]
             rows = rows.scatter(missing, None)
-        self.mark_used(rows)
+        if self.check_order:  # the flags serve only the order checks
+            self.mark_used(rows)
         self.evict(hi)
         return model.add_columns(ops, columns)
 
@@ -506,43 +519,69 @@ class _Launches:
     def read_until(self, hi: int | None) -> None:
         """Read every launch row starting before ``hi`` not read yet (each run up to ``hi``;
         None: to its end)."""
-        for index, table in enumerate(self.tables):
-            self.read_table(index, table, hi)
+        self.merge(self.fetch(self.plan(hi)), hi)
 
-    def read_table(self, index: int, table: _ApiTable, hi: int | None) -> None:
-        ranges: list[tuple[int, int]] = []
-        for run in table.runs:
-            if run.cursor >= run.end:
+    def plan(self, hi: int | None, only: int | None = None) -> list[tuple[int, list[tuple[int, int]]]]:
+        """Per API table (index; ``only`` that one) the rowid ranges of the launch rows starting
+        before ``hi`` not read yet (each run up to ``hi``; None: to its end); the cursors move
+        past them."""
+        plans = []
+        for index, table in enumerate(self.tables):
+            if only is not None and index != only:
                 continue
-            if hi is None or (run.last_start is not None and run.last_start < hi):
-                stop = run.end
-            else:
-                stop = _lower_bound(self.reader, table.name, table.rowid, hi, run.cursor, run.end)
-            if stop > run.cursor:
-                if ranges and ranges[-1][1] == run.cursor:
-                    ranges[-1] = (ranges[-1][0], stop)
+            ranges: list[tuple[int, int]] = []
+            for run in table.runs:
+                if run.cursor >= run.end:
+                    continue
+                if hi is None or (run.last_start is not None and run.last_start < hi):
+                    stop = run.end
                 else:
-                    ranges.append((run.cursor, stop))
-            run.cursor = stop
-        if not ranges:
-            return
-        frames = []
-        for lo in range(0, len(ranges), _RANGES_PER_QUERY):
-            cond = " OR ".join(
-                f"({table.rowid} >= {a} AND {table.rowid} < {b})" for a, b in ranges[lo : lo + _RANGES_PER_QUERY]
-            )
-            read = self.reader.api_table(table.name, cond, self.launch_ids, rowid=table.rowid)
-            frames.append(model.conform(read.with_columns(pl.lit(False).alias("used")), _CACHE_SCHEMA))
-        new = pl.concat(frames, how="vertical", rechunk=False)
-        if not new["rowid"].is_sorted():
-            new = new.sort("rowid", maintain_order=True)
-        if self.check_order and new.height:
-            self.check_new(index, new)
-        merged = pl.concat([self.cache[index], new], how="vertical", rechunk=False)
-        if not merged["rowid"].is_sorted():
-            merged = merged.sort("rowid", maintain_order=True)
-        self.cache[index] = merged
-        if not table.split and new.height:
+                    stop = _lower_bound(self.reader, table.name, table.rowid, hi, run.cursor, run.end)
+                if stop > run.cursor:
+                    if ranges and ranges[-1][1] == run.cursor:
+                        ranges[-1] = (ranges[-1][0], stop)
+                    else:
+                        ranges.append((run.cursor, stop))
+                run.cursor = stop
+            if ranges:
+                plans.append((index, ranges))
+        return plans
+
+    def fetch(self, plans: list[tuple[int, list[tuple[int, int]]]]) -> list[tuple[int, pl.DataFrame]]:
+        """The launch rows of ``plans`` (:data:`_CACHE_SCHEMA`, rowid order). Touches no shared
+        state: it may run on another thread while the GPU rows are read."""
+        out = []
+        for index, ranges in plans:
+            table = self.tables[index]
+            frames = []
+            for lo in range(0, len(ranges), _RANGES_PER_QUERY):
+                cond = " OR ".join(
+                    f"({table.rowid} >= {a} AND {table.rowid} < {b})" for a, b in ranges[lo : lo + _RANGES_PER_QUERY]
+                )
+                read = self.reader.api_table(table.name, cond, self.launch_ids, rowid=table.rowid)
+                frames.append(model.conform(read.with_columns(pl.lit(False).alias("used")), _CACHE_SCHEMA))
+            new = pl.concat(frames, how="vertical", rechunk=False)
+            if not new["rowid"].is_sorted():
+                new = new.sort("rowid", maintain_order=True)
+            out.append((index, new))
+        return out
+
+    def merge(self, fetched: list[tuple[int, pl.DataFrame]], hi: int | None) -> None:
+        """Add rows :meth:`fetch` read to the cache (checked against the joins made where
+        order is checked); a table taken as one run and found out of order is split into runs
+        and each read up to ``hi``."""
+        for index, new in fetched:
+            if new.height == 0:
+                continue
+            table = self.tables[index]
+            if self.check_order:
+                self.check_new(index, new)
+            merged = pl.concat([self.cache[index], new], how="vertical", rechunk=False)
+            if not merged["rowid"].is_sorted():
+                merged = merged.sort("rowid", maintain_order=True)
+            self.cache[index] = merged
+            if table.split:
+                continue
             starts = new["start"].fill_null(_NULL_START)
             first, final = int(starts[0]), int(starts[-1])
             in_order = bool((starts.diff().drop_nulls() >= 0).all())
@@ -552,7 +591,7 @@ class _Launches:
                 # Rows read so far are a rowid prefix: every row read after the split comes
                 # after them in table order, so the joins made so far stand.
                 self.split(table)
-                self.read_table(index, table, hi)
+                self.merge(self.fetch(self.plan(hi, only=index)), hi)
 
     def drain(self) -> None:
         """After the last slice: read the launch rows left (they start after every op) where
