@@ -7,13 +7,14 @@ keep the reader's table order), and each metric keeps only what it adds up:
 
 - **Pass 1** attributes each slice's ops to steps and phases (a per-op rule) and keeps the steps'
   GPU spans (first start, last end), the op counts, the step table's per-step copies, the phases'
-  GPU time (a streamed union per phase and device, :class:`GroupUnion`), the phases' extents, the
-  pipeline bubble's compute union per step, and the *rare* ops whole: NCCL kernels, CUDA graph
+  GPU time (a streamed union per phase and device, :class:`GroupUnion`), the phases' extents, and
+  the *rare* ops whole: NCCL kernels, CUDA graph
   executions and GPU-to-CPU copies (thousands where the compute kernels are millions; every
   metric that reads single ops reads only these).
 - The analysis window (the union of the step spans) is known only once every op has been seen,
   so **pass 2** reads the slices again: the window's copy counts and bytes, its devices, its
-  extent, the compute union fed to the timeline's lane reducer (a chunk at a time,
+  extent, the pipeline bubble's compute union per step (when the rank may be a pipeline), the
+  compute union fed to the timeline's lane reducer (a chunk at a time,
   :class:`traceguard.metrics.timeline.SegmentReducer`), the copy lane likewise, and of the
   compute union per device only the segments that meet an NCCL kernel of the window: the exposed
   NCCL time, the exposed lane and the per-collective overlap measure NCCL intervals against the
@@ -31,11 +32,14 @@ needs the whole sequence, so its memory grows with the capture (about 33 bytes a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 import numpy as np
@@ -65,7 +69,7 @@ from traceguard.metrics.steps import (
     window_mask,
 )
 from traceguard.metrics.timeline import MAX_SEGMENTS, SegmentReducer, TimelineParts, assemble_timeline
-from traceguard.metrics.workloads import BubbleInputs
+from traceguard.metrics.workloads import BubbleInputs, may_be_pipeline
 from traceguard.model import OP_KINDS, Capture, bound_heap
 
 #: A re-iterable source of a rank's GPU ops in time slices (module docstring); each call starts
@@ -209,9 +213,12 @@ class GroupUnion:
         rec_last = np.append(rec[1:] - 1, n - 1)
         rec_end = running[rec_last]
         last_of_group = np.append(rec_group[1:] != rec_group[:-1], True)
-        added = np.zeros(uniq.size, dtype=np.int64)
-        closed = ~last_of_group
-        np.add.at(added, rec_group[closed], self._length(rec_end[closed] - rec_start[closed]))
+        # Records are grouped: each group's closed segments (all its records but the last) add up
+        # between its first record and the next group's.
+        lengths = self._length(rec_end - rec_start)
+        lengths[last_of_group] = 0
+        group_first = np.flatnonzero(np.concatenate(([True], rec_group[1:] != rec_group[:-1])))
+        added = np.add.reduceat(lengths, group_first)
         # A known group whose first row opens a segment closes the one open before.
         closes_prior = known & opens[heads]
         prior_len = np.zeros(uniq.size, dtype=np.int64)
@@ -285,7 +292,6 @@ class _Pass1:
     launched_by_graph: int = 0
     has_step_kernels: bool = False
     phase_gpu: GroupUnion = field(default_factory=GroupUnion)
-    bubble: GroupUnion = field(default_factory=lambda: GroupUnion(clip=True))
 
 
 @dataclass
@@ -306,6 +312,8 @@ class _Pass2:
     launched_count: int = 0
     busy_launched: GroupUnion = field(default_factory=GroupUnion)
     busy_all: GroupUnion = field(default_factory=GroupUnion)
+    #: The pipeline bubble's compute union per step (None: the rank cannot be a pipeline).
+    bubble: GroupUnion | None = None
 
 
 def analyse_rank_sliced(
@@ -347,7 +355,7 @@ def analyse_rank_sliced(
     schema: dict[str, pl.DataType] | None = None
     with tempfile.TemporaryDirectory(prefix="traceguard-slices-", dir=spill_dir) as spill:
         spilled: list[Path] = []
-        for part in op_slices():
+        for part in prefetched(op_slices()):
             if on_slice is not None:
                 on_slice(part)
             ops = attributed(part)
@@ -412,6 +420,9 @@ def _finish(
 
     # -- pass 2 ------------------------------------------------------------------------------
     two = _Pass2()
+    collectives_seen = nccl.with_collective(nccl_kernels, capture.strings)["collective"]
+    if may_be_pipeline(capture.ranges, collectives_seen):
+        two.bubble = GroupUnion(clip=True)
     compute_lane = SegmentReducer(max_segments)
     copies_lane = SegmentReducer(max_segments)
     want_busy = bool(rare.select((pl.col("kind") == "graph").any()).item()) or one.launched_by_graph > 0
@@ -474,7 +485,7 @@ def _finish(
         copies_lane=copies_lane,
     )
     bubble_spans = spans.select("step_id", pl.col("gpu_start").alias("s0"), pl.col("gpu_end").alias("s1"))
-    step_keys, covered = one.bubble.result()
+    step_keys, covered = two.bubble.result() if two.bubble is not None else (np.empty(0, np.int64),) * 2
     bubble = BubbleInputs(
         spans=bubble_spans,
         covered=pl.DataFrame({"step_id": step_keys, "covered": covered}).cast({"step_id": step_type}),
@@ -554,8 +565,6 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
             .agg(pl.col("start").min(), pl.col("end").max())
             .collect()
         )
-    compute = ops.filter(in_step & (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False))
-    one.bubble.feed(_pack(compute["step_id"]), compute["start"].to_numpy(), compute["end"].to_numpy())
     rare = pl.col("is_nccl") | (pl.col("kind") == "graph") | pl.col("copy_kind").is_in(copies.GPU_TO_CPU)
     one.rare.append(ops.filter(rare.fill_null(False)))
 
@@ -598,6 +607,11 @@ def _second_pass(
     row = window.select((pl.col("kind") == "graph").sum().alias("g"), launched.sum().alias("l")).row(0)
     two.graph_count += int(row[0] or 0)
     two.launched_count += int(row[1] or 0)
+    if two.bubble is not None:
+        in_steps = ops.filter(
+            pl.col("step_id").is_not_null() & (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
+        )
+        two.bubble.feed(_pack(in_steps["step_id"]), in_steps["start"].to_numpy(), in_steps["end"].to_numpy())
     if want_busy:
         busy = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
         two.busy_all.feed(_pack(busy["device"]), busy["start"].to_numpy(), busy["end"].to_numpy())
@@ -684,6 +698,42 @@ def _exposed_frame(nccl_in_window: pl.DataFrame, near: dict[int, tuple[np.ndarra
         for dev, (s, e) in near.items()
     ]
     return pl.concat([kernels, *segments])
+
+
+def prefetched(parts: Iterable[pl.DataFrame], depth: int = 1) -> Iterator[pl.DataFrame]:
+    """``parts`` read ``depth`` ahead on a second thread: the next slice is read while this one is
+    analysed (the reader and Polars release the GIL), at the memory of ``depth`` more slices.
+    An exception of the reader is raised here, where the slice would have come."""
+    done = object()
+    queue: Queue[Any] = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for part in parts:
+                if stop.is_set():
+                    return
+                queue.put(part)
+            queue.put(done)
+        except BaseException as exc:  # handed to the consumer, raised there
+            queue.put(exc)
+
+    reader = threading.Thread(target=read, name="traceguard-slices", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = queue.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting to put, then let it end
+            with contextlib.suppress(Empty):
+                queue.get(timeout=0.05)
+        reader.join()
 
 
 def iter_pid(slices: Iterable[pl.DataFrame], pid: int | None, rank: int) -> Iterator[pl.DataFrame]:

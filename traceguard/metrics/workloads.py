@@ -188,6 +188,16 @@ def _bubble(inputs: BubbleInputs, steps: pl.DataFrame) -> tuple[float | None, li
     return idle_total / span_total, per_step, None
 
 
+def may_be_pipeline(ranges: pl.DataFrame, collectives: pl.Series) -> bool:
+    """Whether :func:`rank_workload` could call the rank a pipeline (and read its bubble): a
+    microbatch or transfer range anywhere, or a point-to-point NCCL kernel (``collectives``: the
+    NCCL kernels' types). A superset of its test, which looks only inside the steps and the window."""
+    names = ranges["name"]
+    if bool(names.str.contains(MICROBATCH).any()) or bool(names.str.contains(TRANSFER.pattern).any()):
+        return True
+    return bool(collectives.cast(pl.String).is_in(list(P2P_TYPES)).any())
+
+
 def rank_workload(
     ranges: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame | BubbleInputs, by_type: dict[str, Any]
 ) -> dict[str, Any]:
