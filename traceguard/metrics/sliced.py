@@ -8,11 +8,12 @@ keep the reader's table order), and each metric keeps only what it adds up:
 - **Pass 1** attributes each slice's ops to steps and phases (a per-op rule) and keeps the steps'
   GPU spans (first start, last end), the op counts, the step table's per-step copies, the phases'
   GPU time (a streamed union per phase and device, :class:`GroupUnion`), the phases' extents, and
-  the *rare* ops whole: NCCL kernels, CUDA graph
-  executions and GPU-to-CPU copies (thousands where the compute kernels are millions; every
-  metric that reads single ops reads only these).
+  the *rare* ops whole: NCCL kernels, CUDA graph executions and GPU-to-CPU copies (thousands where
+  the compute kernels are millions; every metric that reads single ops reads only these). It
+  writes each slice's attributed columns to a temporary spill (about 40 bytes an op), so the
+  source is read once.
 - The analysis window (the union of the step spans) is known only once every op has been seen,
-  so **pass 2** reads the slices again: the window's copy counts and bytes, its devices, its
+  so **pass 2** reads the spilled slices back: the window's copy counts and bytes, its devices, its
   extent, the pipeline bubble's compute union per step (when the rank may be a pipeline), the
   compute union fed to the timeline's lane reducer (a chunk at a time,
   :class:`traceguard.metrics.timeline.SegmentReducer`), the copy lane likewise, and of the
