@@ -109,13 +109,16 @@ def test_small_blocks_match_whole_read(gz: Path, unpacked, monkeypatch: pytest.M
 @pytest.mark.parametrize("gz", SPECIAL, ids=[_ident(p) for p in SPECIAL])
 def test_dropped_launches_are_reread(gz: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch cache that keeps launches 1 µs or 3 blocks' rows at most: ops whose launch was
-    dropped (or may share a key with one dropped) take the exact re-read, in chunks of ids."""
+    dropped (or may share a key with one dropped) take the exact re-read, by short IN lists or a
+    chunked scan."""
     db = unpacked(gz)
     whole = _whole(db).gpu_ops
     monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
     monkeypatch.setattr(nsys_slices, "LAUNCH_LAG_NS", 1_000)
     monkeypatch.setattr(nsys_slices, "LAUNCH_CACHE_FACTOR", 3)
-    monkeypatch.setattr(nsys_sqlite, "REREAD_IDS", 5)
+    monkeypatch.setattr(nsys_sqlite, "IN_LIST_IDS", 5)  # re-reads by several IN lists,
+    monkeypatch.setattr(nsys_sqlite, "IN_LISTS", 2)  # or, past 10 ids, by a scan in chunks
+    monkeypatch.setattr(nsys_sqlite, "ID_SCAN_ROWS", 1000)
     rereads: list[int] = []
     reread = nsys_sqlite._Reader.reread_launches
 
@@ -142,6 +145,26 @@ def test_readers(unpacked, monkeypatch: pytest.MonkeyPatch, reader: str) -> None
         monkeypatch.setattr(nsys_sqlite, "_int_scan", None)
     with open_sliced(db) as sliced:
         _check_slices(list(sliced.op_windows(500)), whole, 500)
+
+
+def test_reread_of_many_ids(unpacked) -> None:
+    """12,000 correlation ids in one SQL IN list exceed the hardened connection's program size
+    limit; the re-read splits them (or scans) and finds the same launches as a join of all calls."""
+    db = unpacked(public_nsys("h100_2gpu_1s"))
+    full = read_nsys_sqlite(db)
+    ops = full.gpu_ops.filter(pl.col("correlation_id").is_not_null())
+    extra = pl.DataFrame({"pid": [ops["pid"][0]] * 12_000, "correlation_id": range(10**9, 10**9 + 12_000)})
+    ops = pl.concat([ops.select("pid", "correlation_id"), extra.cast(ops.select("pid", "correlation_id").schema)])
+    expected = model.gather_launches(full.api_calls, model.launch_rows(ops, full.api_calls))
+    reader = nsys_sqlite.open_reader(db, str(db), launches_only=False, keep_correlation=True)
+    try:
+        found = reader.reread_launches(ops)
+    finally:
+        reader.close()
+    for got, want in zip(found, expected, strict=True):
+        assert got.equals(want)
+    assert found[0].tail(extra.height).null_count() == extra.height  # the made-up ids have no call
+    assert found[0].head(ops.height - extra.height).null_count() < ops.height - extra.height
 
 
 def test_keep_correlation(unpacked) -> None:

@@ -55,8 +55,6 @@ from traceguard.ingest.nsys_sqlite import (
     KERNEL,
     MEMCPY,
     MEMSET,
-    REREAD_IDS,
-    _int_list,
     _Reader,
     conform_ops,
     open_reader,
@@ -227,11 +225,12 @@ class SlicedNsys:
                 ids = sorted({int(i) for i in found["id"].to_list()})
             covered: list[pl.DataFrame] = []
             for table in _NODE_TABLES:
-                if table not in reader.tables or "correlationId" not in reader.columns(table):
-                    continue
-                for lo in range(0, len(ids), REREAD_IDS):
-                    where = f"WHERE correlationId IN ({_int_list(ids[lo : lo + REREAD_IDS])})"
-                    covered.append(reader._gpu_bulk(table, [], where))
+                if ids and table in reader.tables and "correlationId" in reader.columns(table):
+
+                    def read(condition: str, table: str = table) -> pl.DataFrame:
+                        return reader._gpu_bulk(table, [], f"WHERE {condition}")
+
+                    covered.append(reader.with_ids(table, ids, read))
             executions = reader.graph_executions(covered)
             if executions.height:
                 graphs = model.conform(executions, model.GPU_OPS_SCHEMA)

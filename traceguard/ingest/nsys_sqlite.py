@@ -26,7 +26,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,13 @@ LAUNCH_API = re.compile(r"^cu(?:da)?(?:Launch|GraphLaunch|Memcpy|Memset)")
 #: Up to this many correlation ids of ops with no launch among the launch rows are re-read by
 #: id; more, and the API tables are read whole.
 REREAD_IDS = 20_000
+#: Correlation ids per SQL ``IN`` list: SQLite's lowered program size limit
+#: (``SQLITE_LIMIT_VDBE_OP``, :mod:`.sqlite_safe`) refuses a list of 10,000 ("out of memory").
+IN_LIST_IDS = 4096
+#: More ids than this many lists: one pass over the table in rowid chunks of
+#: :data:`ID_SCAN_ROWS` rows, the ids matched in memory (each list is a pass of its own).
+IN_LISTS = 4
+ID_SCAN_ROWS = 1 << 20
 
 _INT = "int"
 _TEXT = "text"
@@ -773,7 +780,7 @@ class _Reader:
 
     def reread_launches(self, ops: pl.DataFrame, launch_ids: Sequence[int] | None = None) -> list[pl.Series]:
         """The :data:`model.LAUNCH_SCHEMA` columns of ``ops`` from the API rows re-read by the ops'
-        correlation ids (every API table scanned, :data:`REREAD_IDS` ids per query): per op the
+        correlation ids (every API table scanned: :meth:`with_ids`): per op the
         first call with its (pid, correlation id), in table then rowid order; with
         ``launch_ids``, the first :data:`LAUNCH_API` call when there is one (what the
         launches-only read joins), else the first call of any name."""
@@ -781,16 +788,18 @@ class _Reader:
         if not ids:
             return model.gather_launches(model.empty(model.API_CALLS_SCHEMA), pl.Series([None] * ops.height))
         frames: list[pl.DataFrame] = []
-        for table in self.api_tables():  # one table's chunks together: table order, then rowid order
-            for lo in range(0, len(ids), REREAD_IDS):
-                cond = f"correlationId IN ({_int_list(ids[lo : lo + REREAD_IDS])})"
-                frame = model.conform(self.api_table(table, cond), model.API_CALLS_SCHEMA)
-                if launch_ids is not None:
-                    # As :meth:`api_table` filters: a table without names holds launches only.
-                    named = "nameId" in self.columns(table)
-                    launch = pl.col("name_id").is_in(list(launch_ids)) if named else pl.lit(True)
-                    frame = frame.with_columns(launch.fill_null(False).alias("_launch"))
-                frames.append(frame)
+        for table in self.api_tables():  # table order; a key's rows keep their rowid order
+
+            def read(condition: str, table: str = table) -> pl.DataFrame:
+                return self.api_table(table, condition)
+
+            frame = model.conform(self.with_ids(table, ids, read), model.API_CALLS_SCHEMA)
+            if launch_ids is not None:
+                # As :meth:`api_table` filters: a table without names holds launches only.
+                named = "nameId" in self.columns(table)
+                launch = pl.col("name_id").is_in(list(launch_ids)) if named else pl.lit(True)
+                frame = frame.with_columns(launch.fill_null(False).alias("_launch"))
+            frames.append(frame)
         others = pl.concat(frames, how="vertical") if frames else model.empty(model.API_CALLS_SCHEMA)
         if launch_ids is None:
             return model.gather_launches(others, model.launch_rows(ops, others))
@@ -802,6 +811,26 @@ class _Reader:
             return columns
         found = model.gather_launches(others, model.launch_rows(ops[missing], others))
         return [col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True)]
+
+    def with_ids(self, table: str, ids: Sequence[int], read: Callable[[str], pl.DataFrame]) -> pl.DataFrame:
+        """The rows of ``table`` whose ``correlationId`` is in ``ids``, as ``read(SQL condition)``
+        gives them (a frame with ``correlation_id``): :data:`IN_LIST_IDS` ids per ``IN`` list,
+        or, for more than :data:`IN_LISTS` lists, one pass in rowid chunks matched in memory.
+        The rows of one id keep their rowid order (rows of different ids may interleave)."""
+        rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in self.columns(table)), None)
+        if len(ids) <= IN_LISTS * IN_LIST_IDS or rowid is None or "correlationId" not in self.columns(table):
+            chunks = range(0, len(ids), IN_LIST_IDS)
+            parts = [read(f"correlationId IN ({_int_list(ids[lo : lo + IN_LIST_IDS])})") for lo in chunks]
+            return pl.concat(parts, how="vertical") if parts else read("0")
+        quoted = table.replace('"', '""')
+        low = int(self.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0])
+        high = int(self.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0])
+        wanted = pl.Series(ids, dtype=pl.Int64).implode()
+        parts = []
+        for lo in range(low, high + 1, ID_SCAN_ROWS):
+            part = read(f"{rowid} >= {lo} AND {rowid} < {lo + ID_SCAN_ROWS}")
+            parts.append(part.filter(pl.col("correlation_id").is_in(wanted)))
+        return pl.concat(parts, how="vertical") if parts else read("0")
 
     def start_api_calls(self, launch_ids: Sequence[int] | None = None) -> _PendingApiCalls:
         """Start reading the API tables in a second process when they are big and a core is free.
