@@ -14,24 +14,26 @@ CUDA graph executions are few (one row per graph launch) and kept in memory.
 
 Launches: an op's launch (the first :data:`LAUNCH_API` call with its (pid, correlation id), in
 table then rowid order; see :func:`model.launch_rows`) starts before the op, possibly long
-before. Before a slice [lo, hi) is joined, every launch row with ``start < hi`` has been read:
-the CUDA API tables are only nearly in start order (late-written blocks), so they are split
-once into runs that are in order (one pass over their ``start`` column) and each run is read up
-to ``hi`` by the same binary search. Launch rows stay in a cache, in table then rowid order,
-until they are :data:`LAUNCH_LAG_NS` older than the slice (or the cache passes its row bound).
-An op is joined from the cache only when that is certainly what the whole read joins: its key
-is in the cache and no row with a key that could be the same was dropped from it (per pid, the
-largest correlation id dropped). Every other op (launched by a call outside
-:data:`LAUNCH_API`, launched before the capture, or whose launch was dropped) is joined by an
-exact re-read of the API tables by correlation id (:meth:`_Reader.reread_launches`). A launch
-row read after an op was joined, with the op's key and ahead of its join in table order (a
-duplicated key whose earlier row starts after the op: never seen in nsys exports, where
-correlation ids are unique per process), would change that join: it raises :class:`InputError`.
+before. Before a slice [lo, hi) is joined, the launch rows starting before ``hi`` are read, by
+the same binary search, on a second thread while the slice's GPU rows are read. The CUDA API
+tables are only nearly in start order (a late-written block per process or thread): a table is
+taken as one run until the rows read say otherwise, then split into runs in start order (one
+pass over its ``start`` column, remembered for later passes), each read up to ``hi``. Launch rows
+stay in a cache, in table then rowid order, until they are :data:`LAUNCH_LAG_NS` older than the
+slice (or the cache passes its row bound). An op is joined from the cache only when that is
+certainly what the whole read joins: its key is in the cache and no row that could have the
+same key was dropped from it (per pid, the largest correlation id dropped). Every other op
+(launched by a call outside :data:`LAUNCH_API`, launched before the capture, or whose launch was
+dropped) is joined by an exact re-read of the API tables by correlation id
+(:meth:`_Reader.reread_launches`). Where rows read later can come ahead in table order (two API
+tables, or runs), a launch row with the key of a join already made and ahead of it (a duplicated
+key whose earlier row starts after the op: never seen in nsys exports, where correlation ids
+are unique per process) would have changed that join: it raises :class:`InputError`.
 
-One difference from the whole read remains: with more than :data:`REREAD_IDS` ops missing a
-launch row the whole read joins every op to the first API call of any name; the slices keep the
-launch-first rule, which gives the same values unless a non-launch call shares a launch call's
-(pid, correlation id).
+Two differences from the whole read remain, both only for a (pid, correlation id) shared by
+several CUDA calls: with more than ``REREAD_IDS`` ops missing a launch row the whole read joins
+every op to the first API call of any name (the slices keep the launch-first rule); and its
+second process, reading the larger API table's first part, puts that part first.
 """
 
 from __future__ import annotations
@@ -141,11 +143,12 @@ class _GpuTable:
 
 @dataclass
 class _Run:
-    """Rowids [``lo``, ``end``) of an API table in start order (``last_start``: its last row's
-    start, None when not known); ``cursor``: the first rowid not read."""
+    """Rowids [``lo``, ``end``) of an API table in start order (``first_start``/``last_start``:
+    its first and last rows' starts, None when not known); ``cursor``: the first rowid not read."""
 
     lo: int
     end: int
+    first_start: int | None
     last_start: int | None
     cursor: int = 0
 
@@ -173,8 +176,8 @@ class SlicedNsys:
         self._strings = reader.strings()
         self._launch_ids = reader.launch_name_ids(self._strings)
         self._graphs: pl.DataFrame | None = None  # conformed graph executions, once read
-        #: API table → its runs (lo, end, last start), once a table was found out of order.
-        self._runs: dict[str, list[tuple[int, int, int | None]]] = {}
+        #: API table → its runs (lo, end, first start, last start), once a table was found out of order.
+        self._runs: dict[str, list[tuple[int, int, int, int]]] = {}
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -355,10 +358,10 @@ class SlicedNsys:
         for name in self._reader.api_tables():
             rowid, first, last = _rowid_bounds(self._reader, name, self.shown)
             if name in self._runs:
-                runs = [_Run(lo, end, final, lo) for lo, end, final in self._runs[name]]
+                runs = [_Run(lo, end, first_start, final, lo) for lo, end, first_start, final in self._runs[name]]
                 out.append(_ApiTable(name, rowid, runs, split=True))
             else:
-                out.append(_ApiTable(name, rowid, [_Run(first, last + 1, None, first)], split=False))
+                out.append(_ApiTable(name, rowid, [_Run(first, last + 1, None, None, first)], split=False))
         return out
 
     def _split(self, table: _ApiTable) -> None:
@@ -367,7 +370,9 @@ class SlicedNsys:
         (single,) = table.runs
         runs = _find_runs(self._reader, table.name, table.rowid)
         self._runs[table.name] = runs
-        table.runs = [_Run(lo, end, final, min(max(single.cursor, lo), end)) for lo, end, final in runs]
+        table.runs = [
+            _Run(lo, end, first_start, final, min(max(single.cursor, lo), end)) for lo, end, first_start, final in runs
+        ]
         table.split = True
 
     def _probe(self, table: str, rowid: str, at: int) -> tuple[int, int] | None:
@@ -534,6 +539,8 @@ class _Launches:
                     continue
                 if hi is None or (run.last_start is not None and run.last_start < hi):
                     stop = run.end
+                elif run.cursor == run.lo and run.first_start is not None and run.first_start >= hi:
+                    continue  # nothing of it yet: no probe
                 else:
                     stop = _lower_bound(self.reader, table.name, table.rowid, hi, run.cursor, run.end)
                 if stop > run.cursor:
@@ -715,31 +722,34 @@ def _lower_bound(reader: _Reader, table: str, rowid: str, value: int, first: int
     return low
 
 
-def _find_runs(reader: _Reader, table: str, rowid: str) -> list[tuple[int, int, int | None]]:
-    """``table`` split into rowid ranges [lo, end) each in start order (with the start of its
-    last row), by one pass over its starts, :data:`RUN_SCAN_ROWS` rows at a time."""
+def _find_runs(reader: _Reader, table: str, rowid: str) -> list[tuple[int, int, int, int]]:
+    """``table`` split into rowid ranges [lo, end) each in start order, with the starts of their
+    first and last rows, by one pass over its starts, :data:`RUN_SCAN_ROWS` rows at a time (a null
+    start as :data:`_NULL_START`). An empty table: no runs."""
     quoted = table.replace('"', '""')
     first = int(reader.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0])
     last = int(reader.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0])
     start = "start" if "start" in reader.columns(table) else "NULL"
     spec = [("rowid", rowid, "int"), ("start", start, "int")]
-    runs: list[tuple[int, int, int | None]] = []
-    run_lo = first
-    previous: int | None = None
+    runs: list[tuple[int, int, int, int]] = []
+    run_lo, run_first, previous = first, 0, None
     for lo in range(first, last + 1, RUN_SCAN_ROWS):
         part = reader.bulk(table, spec, f"WHERE {rowid} >= {lo} AND {rowid} < {lo + RUN_SCAN_ROWS}")
         if part.height == 0:
             continue
         starts = part["start"].fill_null(_NULL_START).to_numpy()
         rowids = part["rowid"].to_numpy()
-        if previous is not None and starts[0] < previous:
-            runs.append((run_lo, int(rowids[0]), previous))
-            run_lo = int(rowids[0])
-        for at in np.flatnonzero(starts[1:] < starts[:-1]) + 1:
-            runs.append((run_lo, int(rowids[at]), int(starts[at - 1])))
-            run_lo = int(rowids[at])
+        breaks = np.flatnonzero(starts[1:] < starts[:-1]) + 1
+        if previous is None:
+            run_first = int(starts[0])
+        elif starts[0] < previous:
+            breaks = np.concatenate(([0], breaks))
+        for at in breaks.tolist():
+            runs.append((run_lo, int(rowids[at]), run_first, previous if at == 0 else int(starts[at - 1])))
+            run_lo, run_first = int(rowids[at]), int(starts[at])
         previous = int(starts[-1])
-    runs.append((run_lo, last + 1, previous))
+    if previous is not None:
+        runs.append((run_lo, last + 1, run_first, previous))
     return runs
 
 
