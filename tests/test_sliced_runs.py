@@ -85,3 +85,21 @@ def test_sizes() -> None:
     assert parse_size("512M") == 512 << 20
     assert parse_size("1.5GB") == 3 << 29
     assert parse_size("2 GiB") == 2 << 30
+
+
+@pytest.mark.slow
+def test_an_nsys_report_is_exported_then_sliced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sliced_ranks: list[int]
+) -> None:
+    """A real .nsys-rep (nsys on this machine, CPU only): its cached export is what is sliced,
+    and the report says the input was a report, as the whole read does."""
+    from tests.ingest.test_nsys_sqlite import _make_report
+
+    monkeypatch.setenv("TRACEGUARD_CACHE_DIR", str(tmp_path / "cache"))
+    report = _make_report(tmp_path)
+    whole = pipeline.analyze([str(report)], scheduler="serial", sliced_above=1 << 40).report
+    assert sliced_ranks == []
+    sliced = pipeline.analyze([str(report)], scheduler="serial", sliced_above=0).report
+    assert sliced_ranks == [0]
+    assert sliced["inputs"][0]["format"] == "nsys-rep"
+    assert _same(sliced) == _same(whole)

@@ -69,6 +69,7 @@ from traceguard.ingest import (
     stated_rank,
     with_rank_hint,
 )
+from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.model import GPU_OPS_SCHEMA, empty
 
@@ -209,17 +210,26 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def _sliced(path: Path, options: MapOptions) -> bool:
-    """Whether this input is analysed in time slices: an nsys SQLite export at least
-    :func:`sliced_above` bytes large."""
+def _sliced_source(path: Path, options: MapOptions) -> Path | None:
+    """The SQLite file to analyse in time slices for this input, or None to read it whole: an
+    nsys SQLite export at least :func:`sliced_above` bytes large, or the (cached) export of an
+    ``.nsys-rep`` that is (a report is exported only when it is at least an eighth of the
+    threshold: its export is rarely eight times its size, and a small one is exported by the read)."""
+    threshold = sliced_above(options)
     try:
-        size = path.stat().st_size
-        if size < sliced_above(options) or not path.is_file():
-            return False
+        if not path.is_file():  # a pipe is read once, whole
+            return None
         with path.open("rb") as fh:
-            return fh.read(16).startswith(SQLITE_MAGIC)
-    except OSError:
-        return False  # the whole read says what is wrong
+            head = fh.read(16)
+        size = path.stat().st_size
+        if head.startswith(SQLITE_MAGIC):
+            return path if size >= threshold else None
+        if size >= threshold // 8 and is_nsys_rep(path):
+            exported = export_to_sqlite(path)
+            return exported if exported.stat().st_size >= threshold else None
+    except (OSError, TraceguardError):
+        return None  # the whole read says what is wrong
+    return None
 
 
 def map_input(task: MapTask) -> MapOutcome:
@@ -229,9 +239,10 @@ def map_input(task: MapTask) -> MapOutcome:
     record = InputRecord(path=str(spec.path))
     outcome = MapOutcome(task.index, record)
     path = Path(task.base_dir) / spec.path
-    if _sliced(path, task.options):
+    sliced = _sliced_source(path, task.options)
+    if sliced is not None:
         try:
-            return _map_sliced(task, path, outcome)
+            return _map_sliced(task, sliced, outcome, report=sliced != path)
         except TraceguardError as exc:
             record.error, record.error_code = str(exc), exc.code
             return outcome
@@ -268,9 +279,10 @@ def map_input(task: MapTask) -> MapOutcome:
     return outcome
 
 
-def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome) -> MapOutcome:
+def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome:
     """:func:`map_input` of an nsys export too large to hold: read and analysed in time slices
-    (traceguard.metrics.sliced), the same outcome.
+    (traceguard.metrics.sliced), the same outcome. ``report``: ``path`` is the export of the
+    input, an ``.nsys-rep``.
 
     The GPU processes (each a rank) are planned from the first slice and confirmed over every
     slice during the first rank's first pass; should they differ (a process whose GPU work starts
@@ -283,6 +295,8 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome) -> MapOutcome:
     spec, record, options = task.spec, outcome.record, task.options
     with open_sliced(path, shown=str(spec.path)) as source:
         small = with_rank_hint(source.small_capture())
+        if report:
+            small.info.format = "nsys-rep"
         describe(record, small)
         outcome.stated = stated_rank(spec, small.info.rank_hint)
         outcome.uses_rank_count = small.info.world_size is None
