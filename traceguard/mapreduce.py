@@ -259,24 +259,25 @@ def map_input(task: MapTask) -> MapOutcome:
     assignment = task.assignment
     if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
         return outcome  # planned under other ranks than the file holds: the reducer plans it again
-    options = task.options
-    from traceguard.metrics import small_collectives
-    from traceguard.metrics.steps import STEP_SOURCES
-
     for rank, part in rank_parts(capture, pids, assignment):
-        outcome.results.append(
-            analyse_rank(
-                rank,
-                part,
-                step_patterns=options.step_patterns,
-                step_sources=options.step_sources or STEP_SOURCES,
-                ranks_analysed=task.ranks_analysed,
-                small_bytes=options.small_bytes or small_collectives.DEFAULT_SMALL_BYTES,
-            )
-        )
+        outcome.results.append(analyse_rank(rank, part, **_rank_options(task)))
         outcome.copies.append(copy_summary(rank, part))
     outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
     return outcome
+
+
+def _rank_options(task: MapTask) -> dict[str, Any]:
+    """What every rank's analysis of this task is told (whole-file or sliced alike)."""
+    from traceguard.metrics import small_collectives
+    from traceguard.metrics.steps import STEP_SOURCES
+
+    options = task.options
+    return {
+        "step_patterns": options.step_patterns,
+        "step_sources": options.step_sources or STEP_SOURCES,
+        "ranks_analysed": task.ranks_analysed,
+        "small_bytes": options.small_bytes or small_collectives.DEFAULT_SMALL_BYTES,
+    }
 
 
 def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome:
@@ -288,9 +289,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     slice during the first rank's first pass; should they differ (a process whose GPU work starts
     later), the input is analysed again under the confirmed ones."""
     from traceguard.ingest.nsys_slices import open_sliced
-    from traceguard.metrics import small_collectives
     from traceguard.metrics.sliced import analyse_rank_sliced
-    from traceguard.metrics.steps import STEP_SOURCES
 
     spec, record, options = task.spec, outcome.record, task.options
     with open_sliced(path, shown=str(spec.path)) as source:
@@ -313,16 +312,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             for index, (rank, part) in enumerate(rank_parts(small, pids, assignment)):
                 pid = pids[index] if len(pids) > 1 else None
                 slices = _RankSlices(source, options.slice_rows, pid, rank, census if index == 0 else None)
-                result = analyse_rank_sliced(
-                    rank,
-                    part,
-                    slices,
-                    step_patterns=options.step_patterns,
-                    step_sources=options.step_sources or STEP_SOURCES,
-                    ranks_analysed=task.ranks_analysed,
-                    small_bytes=options.small_bytes or small_collectives.DEFAULT_SMALL_BYTES,
-                    on_slice=slices.add_copies,
-                )
+                result = analyse_rank_sliced(rank, part, slices, on_slice=slices.add_copies, **_rank_options(task))
                 if index == 0:
                     seen = pl.DataFrame(
                         {"pid": list(census), "device": list(census.values())},
