@@ -103,3 +103,12 @@ def test_an_nsys_report_is_exported_then_sliced(
     assert sliced_ranks == [0]
     assert sliced["inputs"][0]["format"] == "nsys-rep"
     assert _same(sliced) == _same(whole)
+
+
+def test_python_api_takes_a_size(cases: dict[str, list[str]], sliced_ranks: list[int]) -> None:  # noqa: F811
+    import traceguard
+
+    inputs = cases["two_processes_first"]
+    sliced = traceguard.analyze(inputs, scheduler="serial", sliced_above="0")
+    assert set(sliced_ranks) == {0, 1, 2}  # the mock is first planned as rank 1, then analysed as 2
+    assert _same(sliced.report) == _same(traceguard.analyze(inputs, scheduler="serial").report)
