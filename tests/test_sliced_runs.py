@@ -112,3 +112,32 @@ def test_python_api_takes_a_size(cases: dict[str, list[str]], sliced_ranks: list
     sliced = traceguard.analyze(inputs, scheduler="serial", sliced_above="0")
     assert set(sliced_ranks) == {0, 1, 2}  # the mock is first planned as rank 1, then analysed as 2
     assert _same(sliced.report) == _same(traceguard.analyze(inputs, scheduler="serial").report)
+
+
+def test_an_export_out_of_time_order_is_that_inputs_error(tmp_path: Path, unpacked) -> None:
+    """Slicing needs the GPU tables in start order (as nsys writes them): a file that breaks it
+    is reported as that input's error, saying how to analyse it whole; the other ranks go on."""
+    import shutil
+    import sqlite3
+
+    from tests.conftest import OWN
+
+    good = tmp_path / "good.sqlite"
+    shutil.copy(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"), good)
+    swapped = tmp_path / "swapped.sqlite"
+    shutil.copy(good, swapped)
+    with sqlite3.connect(swapped) as conn:
+        (rowid, start), (_, later) = conn.execute(
+            "SELECT rowid, start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid LIMIT 2 OFFSET 100"
+        ).fetchall()
+        conn.execute(
+            "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + ?, end = end + ? WHERE rowid = ?",
+            (later - start + 1_000_000, later - start + 1_000_000, rowid),
+        )
+    report = pipeline.analyze([f"{swapped}:1", f"{good}:0"], scheduler="serial", sliced_above=0).report
+    error = report["inputs"][0]
+    assert error["error_code"] == "invalid_input"
+    assert "CUPTI_ACTIVITY_KIND_KERNEL is not in time order" in error["error"]
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    whole = pipeline.analyze([f"{swapped}:1"], scheduler="serial", sliced_above=1 << 40).report
+    assert whole["inputs"][0]["error"] is None  # the whole read takes it

@@ -243,9 +243,9 @@ def map_input(task: MapTask) -> MapOutcome:
     if sliced is not None:
         try:
             return _map_sliced(task, sliced, outcome, report=sliced != path)
-        except TraceguardError as exc:
+        except TraceguardError as exc:  # the slices are read as the analysis goes: a read error
             record.error, record.error_code = str(exc), exc.code
-            return outcome
+            return MapOutcome(task.index, record)
     try:
         capture = read_capture(path, shown=str(spec.path), keep_correlation=False)
     except TraceguardError as exc:

@@ -756,5 +756,6 @@ def _find_runs(reader: _Reader, table: str, rowid: str) -> list[tuple[int, int, 
 def _not_in_order(shown: str, table: str, what: str) -> InputError:
     return InputError(
         f"{shown}: the export's {table} is not in time order ({what}), so it cannot be read in slices",
-        hint="analyse it whole",
+        hint="analyse it whole: give --sliced-above (or TRACEGUARD_SLICED_ABOVE) a size above the file's, "
+        "on a machine with memory for it",
     )
