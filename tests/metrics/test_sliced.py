@@ -122,10 +122,15 @@ def test_sliced_reads_the_source_once(tmp_path: Path) -> None:
 
 
 intervals = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(-5, 30)), min_size=0, max_size=60)
+#: Durations of zero or more: with a negative one, the whole-frame sort may order rows of equal
+#: start either way, and the union's length then depends on that order.
+timed_intervals = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(0, 30)), min_size=0, max_size=60
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=intervals, cuts=st.lists(st.integers(0, 60), max_size=5), clip=st.booleans())
+@given(rows=timed_intervals, cuts=st.lists(st.integers(0, 60), max_size=5), clip=st.booleans())
 def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool) -> None:
     frame = pl.DataFrame(
         {"g": [r[0] for r in rows], "start": [r[1] for r in rows], "end": [r[1] + r[2] for r in rows]},
@@ -144,9 +149,6 @@ def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: lis
         expected = dict(segments.group_by("g").agg(pl.col("n").sum()).iter_rows())
     else:
         expected = dict(union_ns(frame, ["g"]).collect().iter_rows()) if frame.height else {}
-    if any(r[2] < 0 for r in rows):
-        # Equal starts with a negative duration: the whole-frame sort may order them either way.
-        return
     assert got == expected
 
 
