@@ -141,3 +141,30 @@ def test_an_export_out_of_time_order_is_that_inputs_error(tmp_path: Path, unpack
     assert [r["rank"] for r in report["ranks"]] == [0]
     whole = pipeline.analyze([f"{swapped}:1"], scheduler="serial", sliced_above=1 << 40).report
     assert whole["inputs"][0]["error"] is None  # the whole read takes it
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random", "not_nsys"])
+def test_damaged_files_on_the_sliced_path_are_input_errors(tmp_path: Path, unpacked, damage: str) -> None:
+    """A damaged file that goes the sliced way is that input's error, with the good rank analysed,
+    and alone it exits 2 naming it: no traceback."""
+    import os
+    import sqlite3
+
+    from tests.conftest import OWN
+
+    good = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    bad = tmp_path / f"{damage}.sqlite"
+    if damage == "truncated":
+        bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif damage == "random":
+        bad.write_bytes(b"SQLite format 3\x00" + os.urandom(200_000))
+    else:
+        with sqlite3.connect(bad) as conn:
+            conn.execute("CREATE TABLE t (a)")
+    report = pipeline.analyze([f"{bad}:1", f"{good}:0"], scheduler="serial", sliced_above=0).report
+    assert report["inputs"][0]["error_code"] == "invalid_input"
+    assert str(bad) in report["inputs"][0]["error"]
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    alone = CliRunner().invoke(app, ["analyze", str(bad), "--sliced-above", "0", "--scheduler", "serial"])
+    assert alone.exit_code == 2
+    assert bad.name in alone.output and "Traceback" not in alone.output
