@@ -248,3 +248,36 @@ def test_a_dask_worker_that_dies_loses_only_its_input(tmp_path: Path) -> None:
     assert len(killed) >= 2
     expected = _whole_in_memory(inputs)
     assert report["ranks"] == expected["ranks"] and report["checks"] == expected["checks"]
+
+
+def test_the_local_pool_reads_with_a_share_of_the_cores() -> None:
+    """Each process of the local pool reads with its share of the cores (no second reader per
+    map when the pool already keeps every core busy; nsys_sqlite.share_cores)."""
+    from traceguard import mapreduce
+    from traceguard.ingest import nsys_sqlite
+
+    with mapreduce.map_pool(2) as pool:
+        got = pool.submit(nsys_sqlite._free_cores).result()
+    assert got == max(1, mapreduce.default_jobs() // 2)
+
+
+@pytest.mark.slow
+def test_dask_maps_read_with_their_share_of_the_host() -> None:
+    """On Dask, a map's reads share the host's cores with every worker thread on that host."""
+    distributed = pytest.importorskip("distributed")
+    from traceguard import mapreduce
+    from traceguard.ingest import InputSpec, nsys_sqlite
+
+    task = mapreduce.MapTask(0, InputSpec(path=TORCH[0]), None, 1, mapreduce.MapOptions())
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        sharers = mapreduce._threads_per_host(client)
+        assert list(sharers.values()) == [2]
+        for address in client.scheduler_info()["workers"]:
+            outcome = client.submit(mapreduce._map_on_worker, task, sharers, workers=[address], pure=False).result()
+            assert outcome.record.error is None
+        cores = client.run(lambda: len(os.sched_getaffinity(0)))
+        shares = client.run(nsys_sqlite._free_cores)
+    assert shares == {address: max(1, n // 2) for address, n in cores.items()}

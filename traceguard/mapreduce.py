@@ -38,6 +38,7 @@ is neither is a bug and propagates, as it does without a scheduler.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import os
 import re
@@ -70,6 +71,7 @@ from traceguard.ingest import (
     with_rank_hint,
 )
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
+from traceguard.ingest.nsys_sqlite import share_cores
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.model import GPU_OPS_SCHEMA, empty
 
@@ -445,20 +447,27 @@ def _run_serial(tasks: Sequence[MapTask]) -> Iterator[tuple[MapTask, MapOutcome 
         yield task, map_input(task)
 
 
+def map_pool(workers: int) -> ProcessPoolExecutor:
+    """The local scheduler's pool: ``workers`` fresh processes (spawned: Polars' threads do not
+    survive a fork), each reading with its share of the cores (:func:`nsys_sqlite.share_cores`)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    sharing = functools.partial(share_cores, workers)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=sharing)
+
+
 def _run_local(tasks: Sequence[MapTask], jobs: int) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:
     """Tasks on a pool of processes. A dead worker breaks the whole pool and fails every task in it:
     those are tried again in a new pool; a task that was in two broken pools then runs alone, and
     if its pool breaks once more it is that input's error, so one input that kills its worker
     cannot take the others down."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")  # polars' threads do not survive a fork
     losses: dict[int, int] = {}
     pending = list(tasks)
     while pending:
         suspects = [t for t in pending if losses.get(t.index, 0) >= 2]
         batch = suspects[:1] or pending
-        with ProcessPoolExecutor(max_workers=min(jobs, len(batch)), mp_context=context) as pool:
+        with map_pool(min(jobs, len(batch))) as pool:
             running: dict[Future[MapOutcome], MapTask] = {pool.submit(map_input, t): t for t in batch}
             settled: set[int] = set()
             while running:
@@ -495,7 +504,8 @@ def _run_dask(tasks: Sequence[MapTask], address: str) -> Iterator[tuple[MapTask,
             hint="start it with `dask scheduler` (and workers with `dask worker ADDRESS`), or use --scheduler local",
         ) from exc
     with client:
-        futures = {client.submit(map_input, task, pure=False): task for task in tasks}
+        sharers = _threads_per_host(client)
+        futures = {client.submit(_map_on_worker, task, sharers, pure=False): task for task in tasks}
         for future in as_completed(futures, loop=client.loop):
             task = futures[future]
             try:
@@ -504,6 +514,26 @@ def _run_dask(tasks: Sequence[MapTask], address: str) -> Iterator[tuple[MapTask,
                 yield task, exc
             finally:
                 future.release()
+
+
+def _threads_per_host(client: Any) -> dict[str, int]:
+    """Per host, the Dask worker threads on it: how many maps may run there at once."""
+    sharers: dict[str, int] = {}
+    with contextlib.suppress(Exception):  # an older scheduler's reply: each read assumes it is alone
+        for worker in client.scheduler_info(n_workers=-1).get("workers", {}).values():
+            host = str(worker.get("host", ""))
+            sharers[host] = sharers.get(host, 0) + int(worker.get("nthreads", 1))
+    return sharers
+
+
+def _map_on_worker(task: MapTask, sharers: dict[str, int]) -> MapOutcome:
+    """:func:`map_input` on a Dask worker, its reads told how many maps share its host's cores."""
+    from distributed import get_worker
+    from distributed.comm.addressing import get_address_host
+
+    with contextlib.suppress(ValueError):  # not in a worker (a synchronous client): alone
+        share_cores(sharers.get(get_address_host(get_worker().address), 1))
+    return map_input(task)
 
 
 def _input_bytes(tasks: Sequence[MapTask]) -> int:

@@ -73,3 +73,29 @@ def test_every_public_fixture_splits_the_same(unpacked, monkeypatch: pytest.Monk
             m.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 0)
             parallel = read_nsys_sqlite(db)
         assert parallel.api_calls.equals(serial.api_calls), gz.name
+
+
+def test_a_read_that_shares_its_cores_starts_no_worker(unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where as many map processes as cores read at once (``share_cores``), a read keeps to its
+    one core: no second process, and the same frames as the read that starts one."""
+    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    serial = _serial(db, monkeypatch)
+    monkeypatch.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 0)
+    monkeypatch.setattr(nsys_sqlite.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(nsys_sqlite, "_core_sharers", 1)  # restored after the test
+    spawned: list[list[str]] = []
+    real_popen = nsys_sqlite.subprocess.Popen
+    monkeypatch.setattr(
+        nsys_sqlite.subprocess, "Popen", lambda command, **kw: spawned.append(command) or real_popen(command, **kw)
+    )
+    alone = read_nsys_sqlite(db)
+    assert len(spawned) == 1, "alone on two cores, the read starts its worker"
+    nsys_sqlite.share_cores(2)
+    assert nsys_sqlite._free_cores() == 1
+    shared = read_nsys_sqlite(db)
+    assert len(spawned) == 1, "sharing two cores with another map, the read starts none"
+    for name in FRAMES:
+        assert getattr(shared, name).equals(getattr(serial, name)), name
+        assert getattr(alone, name).equals(getattr(serial, name)), name
+    nsys_sqlite.share_cores(0)  # nonsense counts as alone
+    assert nsys_sqlite._free_cores() == 2

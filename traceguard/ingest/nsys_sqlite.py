@@ -1132,11 +1132,30 @@ def _adbc_connect(db: Path) -> Any:
     return conn
 
 
+#: How many processes share this process's cores, each running reads of its own (1: this one
+#: alone). Set by :func:`share_cores`.
+_core_sharers = 1
+
+
+def share_cores(processes: int) -> None:
+    """Tell this process's reads that ``processes`` processes (this one included) run at once on
+    its cores, each reading a capture: a read then keeps at most its share of the cores busy, so
+    it starts no second reader (process or thread) when its share is one core.
+
+    Why: a local pool of one map process per core already keeps every core busy. A second reader
+    per map there only adds an interpreter start and a memory-mapped hand-over per capture, and
+    doubles the processes alive at once (their memory counts in the run's peak)."""
+    global _core_sharers
+    _core_sharers = max(1, int(processes))
+
+
 def _free_cores() -> int:
+    """Cores one read of this process may keep busy: its share of the cores it may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, cores // _core_sharers)
 
 
 def _scratch_dir() -> str | None:
