@@ -281,3 +281,15 @@ def test_dask_maps_read_with_their_share_of_the_host() -> None:
         cores = client.run(lambda: len(os.sched_getaffinity(0)))
         shares = client.run(nsys_sqlite._free_cores)
     assert shares == {address: max(1, n // 2) for address, n in cores.items()}
+
+
+def test_a_scheduler_without_n_workers_leaves_each_read_alone() -> None:
+    """distributed before ``scheduler_info(n_workers=)``: no host counts, so every read on a
+    worker takes all the cores it may run on (as before share_cores existed)."""
+    from traceguard import mapreduce
+
+    class OlderClient:  # the older signature: scheduler_info(self, **kwargs) had no n_workers
+        def scheduler_info(self) -> dict[str, Any]:
+            return {"workers": {"tcp://10.0.0.1:1": {"host": "10.0.0.1", "nthreads": 4}}}
+
+    assert mapreduce._threads_per_host(OlderClient()) == {}

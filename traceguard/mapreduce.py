@@ -519,10 +519,13 @@ def _run_dask(tasks: Sequence[MapTask], address: str) -> Iterator[tuple[MapTask,
 def _threads_per_host(client: Any) -> dict[str, int]:
     """Per host, the Dask worker threads on it: how many maps may run there at once."""
     sharers: dict[str, int] = {}
-    with contextlib.suppress(Exception):  # an older scheduler's reply: each read assumes it is alone
-        for worker in client.scheduler_info(n_workers=-1).get("workers", {}).values():
-            host = str(worker.get("host", ""))
-            sharers[host] = sharers.get(host, 0) + int(worker.get("nthreads", 1))
+    try:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    except TypeError:  # a distributed older than n_workers=: each read assumes it is alone
+        return sharers
+    for worker in workers.values():
+        host = str(worker.get("host", ""))
+        sharers[host] = sharers.get(host, 0) + int(worker.get("nthreads", 1))
     return sharers
 
 

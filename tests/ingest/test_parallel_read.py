@@ -23,6 +23,11 @@ def force_worker(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Make every read use the worker process; returns the commands it was started with."""
     monkeypatch.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 0)
     monkeypatch.setattr(nsys_sqlite, "_free_cores", lambda: 2)
+    return record_spawns(monkeypatch)
+
+
+def record_spawns(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands of the worker processes reads start from now on (they still run)."""
     spawned: list[list[str]] = []
     real_popen = nsys_sqlite.subprocess.Popen
 
@@ -78,16 +83,12 @@ def test_every_public_fixture_splits_the_same(unpacked, monkeypatch: pytest.Monk
 def test_a_read_that_shares_its_cores_starts_no_worker(unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where as many map processes as cores read at once (``share_cores``), a read keeps to its
     one core: no second process, and the same frames as the read that starts one."""
-    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    db = unpacked(public_nsys("h100_2gpu_1s"))
     serial = _serial(db, monkeypatch)
     monkeypatch.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 0)
     monkeypatch.setattr(nsys_sqlite.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(nsys_sqlite, "_core_sharers", 1)  # restored after the test
-    spawned: list[list[str]] = []
-    real_popen = nsys_sqlite.subprocess.Popen
-    monkeypatch.setattr(
-        nsys_sqlite.subprocess, "Popen", lambda command, **kw: spawned.append(command) or real_popen(command, **kw)
-    )
+    spawned = record_spawns(monkeypatch)
     alone = read_nsys_sqlite(db)
     assert len(spawned) == 1, "alone on two cores, the read starts its worker"
     nsys_sqlite.share_cores(2)
