@@ -218,6 +218,20 @@ def traceguard_output_ok(stem: Path, report: Path, run: dict) -> str | None:
     return None
 
 
+def same_reports(logs: Path) -> str:
+    """Whether the first default (sliced) run's JSON report equals the first whole-file run's,
+    apart from ``generated_at``."""
+    try:
+        default, whole = (
+            json.loads((logs / f"traceguard_nsys{kind}.0.report.json").read_bytes()) for kind in ("", "_whole")
+        )
+    except (OSError, ValueError) as exc:
+        return f"not compared ({exc})"
+    for doc in (default, whole):
+        doc.pop("generated_at", None)
+    return "identical" if default == whole else "DIFFERENT"
+
+
 def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if r.get("error") is None]
     walls = [r["wall_s"] for r in ok]
@@ -334,7 +348,7 @@ def hta_dir_for(trace: Path) -> Path:
 
 def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
     names = nsys_report_names()
-    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": [], INFERRED: []}
+    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": [], WHOLE: [], INFERRED: []}
     stages: list[dict] = []
     notes: list[str] = []
     if names is None:
@@ -365,6 +379,16 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
             tools["traceguard analyze"].append(r)
             print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
             warm_cache(db)
+            stem = logs / f"traceguard_nsys_whole.{i}"
+            report = logs / f"traceguard_nsys_whole.{i}.report.json"
+            report.unlink(missing_ok=True)
+            cmd = [*tg, "analyze", str(db), "--sliced-above", "1T", "--format", "json", "--out", str(report)]
+            r = measure(cmd, stem)
+            r["cmd"] = shlex.join(cmd)
+            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+            tools[WHOLE].append(r)
+            print(f"  traceguard whole file #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+            warm_cache(db)
             stem = logs / f"traceguard_nsys_inferred.{i}"
             report = logs / f"traceguard_nsys_inferred.{i}.report.json"
             report.unlink(missing_ok=True)
@@ -384,9 +408,12 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
                     stage = {"error": f"exit status {r['rc']}; see {rel(Path(f'{stem}.err'))}"}
                 stages.append({"sources": sources or "default", **stage})
                 print(f"  stages ({sources or 'default'}) #{i}: {stage}")
+    if tg and repeat:
+        notes.append(f"the default's report and the whole-file one, apart from generated_at: {same_reports(logs)}")
     if not tg:
         tools["traceguard analyze"].append({"error": TG_MISSING})
         tools.pop(INFERRED)
+        tools.pop(WHOLE)
     after = fingerprint(db)
     return {
         "input": rel(db),
@@ -402,6 +429,9 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
 
 #: The second traceguard command of the nsys block: the same analysis with the markers ignored.
 INFERRED = "traceguard analyze --step-source inferred"
+#: The same analysis with the whole export in memory (the default slices exports from 1 GiB on):
+#: what the default's time is set beside (issue 13: it must not get slower).
+WHOLE = "traceguard analyze --sliced-above 1T (whole file)"
 
 
 def summarize_stages(stages: list[dict]) -> dict:
@@ -489,6 +519,10 @@ def verdicts(res: dict) -> list[dict]:
             row = {"kind": kind, "tool": tool, **{k: v for k, v in s.items() if k != "runs"}}
             if s.get("ok") and ref.get("ok") and tool != ref_name:
                 row["ratio"] = round(s["wall_median_s"] / ref["wall_median_s"], 3)
+            if tool == WHOLE and block["tools"]["traceguard analyze"].get("ok") and s.get("ok"):
+                base = s["wall_median_s"]
+                change = block["tools"]["traceguard analyze"]["wall_median_s"] / base - 1
+                row["target"] = f"the default (sliced) against it: {change:+.1%} wall"
             if tool == INFERRED and block["tools"]["traceguard analyze"].get("ok") and s.get("ok"):
                 base = block["tools"]["traceguard analyze"]["wall_median_s"]
                 extra = s["wall_median_s"] / base - 1

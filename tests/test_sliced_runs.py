@@ -5,14 +5,16 @@ first file, a file that states another rank than its name), the 4×H200 bundle a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import traceguard.metrics.sliced as sliced_module
+from tests.conftest import OWN
 from tests.test_mapreduce import CASES, _private_cache, _same, _whole_in_memory, cases  # noqa: F401
-from traceguard import pipeline
+from traceguard import mapreduce, pipeline
 from traceguard.cli import app
 from traceguard.ingest.nsys_slices import SlicedNsys
 from traceguard.mapreduce import SLICED_ABOVE_ENV, parse_size
@@ -168,3 +170,28 @@ def test_damaged_files_on_the_sliced_path_are_input_errors(tmp_path: Path, unpac
     alone = CliRunner().invoke(app, ["analyze", str(bad), "--sliced-above", "0", "--scheduler", "serial"])
     assert alone.exit_code == 2
     assert bad.name in alone.output and "Traceback" not in alone.output
+
+
+def test_default_threshold_reads_whole_only_an_export_whose_steps_need_its_kernel_sequence(
+    unpacked: Callable[[Path], Path],
+    sliced_ranks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under the default threshold (here lowered to 0 B), an export whose steps come from its
+    ranges is sliced; one whose steps must be inferred from its kernel sequence is read whole
+    while it is below a quarter of memory (sliced, it would be read twice); asked for, it is
+    sliced all the same. The report is the same every way."""
+    monkeypatch.delenv(SLICED_ABOVE_ENV, raising=False)
+    monkeypatch.setattr(mapreduce, "SLICED_ABOVE_DEFAULT", 0)
+    inputs = [str(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"))]
+    for sources in (None, ["inferred"]):
+        whole = pipeline.analyze(inputs, scheduler="serial", step_sources=sources, sliced_above=1 << 40).report
+        assert sliced_ranks == []
+        default = pipeline.analyze(inputs, scheduler="serial", step_sources=sources).report
+        assert sliced_ranks == ([] if sources else [0])
+        assert whole["ranks"][0]["step_source"] == ("inferred" if sources else "convention")
+        sliced_ranks.clear()
+        asked = pipeline.analyze(inputs, scheduler="serial", step_sources=sources, sliced_above=0).report
+        assert sliced_ranks == [0]
+        sliced_ranks.clear()
+        assert _same(default) == _same(whole) == _same(asked)

@@ -188,19 +188,45 @@ def add_copies(parts: Sequence[pl.DataFrame], rank: int) -> pl.DataFrame:
 SLICED_ABOVE_ENV = "TRACEGUARD_SLICED_ABOVE"
 
 
+#: The default :func:`sliced_above` on a machine with 4 GiB of memory or more: exports from
+#: 1 GiB on are analysed in slices, so that no default analysis peaks much above 1 GB (the
+#: whole-file analysis peaks near 0.75× the export's size; the sliced one near 0.85 GB for 2 M-op
+#: slices, whatever the size) and, measured on 10 M kernels, no slower (bench/RESULTS.md).
+SLICED_ABOVE_DEFAULT = 1 << 30
+
+
 def sliced_above(options: MapOptions) -> int:
     """The size from which an nsys export is analysed in time slices: the option, else
-    ``TRACEGUARD_SLICED_ABOVE``, else a quarter of this machine's memory (the whole-file analysis
-    peaks near 0.75× the export's size: a quarter leaves room for a pool of them)."""
+    ``TRACEGUARD_SLICED_ABOVE``, else :data:`SLICED_ABOVE_DEFAULT` or a quarter of this
+    machine's memory if less."""
     if options.sliced_above is not None:
         return options.sliced_above
     env = os.environ.get(SLICED_ABOVE_ENV)
     if env:
         return parse_size(env)
+    return min(SLICED_ABOVE_DEFAULT, _memory_quarter())
+
+
+def _memory_quarter() -> int:
+    """A quarter of this machine's memory: what one whole-file analysis may take while leaving
+    room for a pool of them."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
         return 4 << 30
+
+
+def _may_read_whole(options: MapOptions, path: Path) -> bool:
+    """Whether a sliced input may still be read whole when its steps must come from its kernel
+    sequence: the sliced analysis then reads the file twice (traceguard.metrics.sliced), while
+    the sequence alone grows with the capture anyway. Only under the default threshold (no
+    option, no ``TRACEGUARD_SLICED_ABOVE``) and for an export below a quarter of memory."""
+    if options.sliced_above is not None or os.environ.get(SLICED_ABOVE_ENV):
+        return False
+    try:
+        return path.stat().st_size < _memory_quarter()
+    except OSError:
+        return False
 
 
 def parse_size(text: str) -> int:
@@ -244,7 +270,9 @@ def map_input(task: MapTask) -> MapOutcome:
     sliced = _sliced_source(path, task.options)
     if sliced is not None:
         try:
-            return _map_sliced(task, sliced, outcome, report=sliced != path)
+            mapped = _map_sliced(task, sliced, outcome, report=sliced != path)
+            if mapped is not None:
+                return mapped
         except TraceguardError as exc:  # the slices are read as the analysis goes: a read error
             record.error, record.error_code = str(exc), exc.code
             return MapOutcome(task.index, record)
@@ -282,10 +310,10 @@ def _rank_options(task: MapTask) -> dict[str, Any]:
     }
 
 
-def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome:
+def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome | None:
     """:func:`map_input` of an nsys export too large to hold: read and analysed in time slices
     (traceguard.metrics.sliced), the same outcome. ``report``: ``path`` is the export of the
-    input, an ``.nsys-rep``.
+    input, an ``.nsys-rep``. None: read it whole after all (:func:`_may_read_whole`).
 
     The GPU processes (each a rank) are planned from the first slice and confirmed over every
     slice during the first rank's first pass; should they differ (a process whose GPU work starts
@@ -301,9 +329,15 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         describe(record, small)
         outcome.stated = stated_rank(spec, small.info.rank_hint)
         outcome.uses_rank_count = small.info.world_size is None
-        first = next(iter(source.op_slices(options.slice_rows)), None)
+        # The first slice plans the ranks, then starts the first rank's first read (not read twice).
+        windows = source.op_slices(options.slice_rows)
+        first = next(windows, None)
         pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
+        started: list[Any] | None = [first, windows] if first is not None else None
         del first
+        if _may_read_whole(options, path) and _needs_kernel_sequence(task, small, pids):
+            windows.close()
+            return None
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
@@ -314,6 +348,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             for index, (rank, part) in enumerate(rank_parts(small, pids, assignment)):
                 pid = pids[index] if len(pids) > 1 else None
                 slices = _RankSlices(source, options.slice_rows, pid, rank, census if index == 0 else None)
+                slices.started, started = started, None
                 result = analyse_rank_sliced(rank, part, slices, on_slice=slices.add_copies, **_rank_options(task))
                 if index == 0:
                     seen = pl.DataFrame(
@@ -332,6 +367,20 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         raise AssertionError("the GPU processes changed twice")  # pragma: no cover - the census is exact
 
 
+def _needs_kernel_sequence(task: MapTask, small: Any, pids: list[int]) -> bool:
+    """Whether a rank of the input, as planned, takes its steps from its kernel sequence."""
+    from traceguard.metrics.sliced import steps_from_ranges
+
+    assignment = task.assignment
+    if assignment is None or assignment.error or len(assignment.ranks) != max(len(pids), 1):
+        return False  # not analysed under this plan
+    options = _rank_options(task)
+    return any(
+        steps_from_ranges(part, options["step_patterns"], options["step_sources"]) is None
+        for _rank, part in rank_parts(small, pids, assignment)
+    )
+
+
 @dataclass
 class _RankSlices:
     """One rank's GPU ops of a sliced input, read afresh at each call; the first read also takes
@@ -343,18 +392,29 @@ class _RankSlices:
     rank: int
     census: dict[int, int | None] | None
     copies: list[pl.DataFrame] = field(default_factory=list)
+    #: [first slice, the read it came from] of a read already begun, taken by the first call.
+    started: list[Any] | None = None
 
     def __call__(self) -> Iterator[pl.DataFrame]:
         from traceguard.metrics.sliced import iter_pid
 
         census, self.census = self.census, None
-        for raw in self.source.op_slices(self.rows):
+        started, self.started = self.started, None
+        for raw in self.source.op_slices(self.rows) if started is None else _resumed(started):
             if census is not None:
                 _count_processes(census, raw)
             yield from iter_pid([raw], self.pid, self.rank)
 
     def add_copies(self, ops: pl.DataFrame) -> None:
         self.copies.append(copies_of(self.rank, ops))
+
+
+def _resumed(started: list[Any]) -> Iterator[pl.DataFrame]:
+    """The slices of a read whose first slice was taken already: ``[first, the read]``, emptied
+    as it goes (the first slice is not held once handed on)."""
+    read = started.pop()
+    yield started.pop()
+    yield from read
 
 
 def _count_processes(census: dict[int, int | None], ops: pl.DataFrame) -> None:

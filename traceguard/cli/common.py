@@ -129,7 +129,8 @@ SlicedAboveOpt = Annotated[
         metavar="SIZE",
         help="Analyse nsys SQLite exports of at least SIZE (bytes, or e.g. 512M, 4G) in time slices, with memory "
         "bounded by a slice instead of growing with the file; the report is the same. Default: "
-        "TRACEGUARD_SLICED_ABOVE when set, else a quarter of this machine's memory.",
+        "TRACEGUARD_SLICED_ABOVE when set, else 1G (a quarter of this machine's memory if less; an export "
+        "whose steps must come from its kernel sequence is then sliced only above that quarter).",
         show_default=False,
     ),
 ]

@@ -34,6 +34,7 @@ needs the whole sequence, so its memory grows with the capture (about 33 bytes a
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import tempfile
 import threading
@@ -127,16 +128,19 @@ class UnionDrain:
         opens = np.empty(start.size, dtype=bool)
         opens[0] = self.open_start is None or int(start[0]) > self.reach
         np.greater(start[1:], reach[:-1], out=opens[1:])
-        heads = np.flatnonzero(opens)
-        seg_start = start[heads]
-        # Each head closes the segment before it, at the reach just before the head.
-        closed_end = np.where(heads > 0, reach[np.maximum(heads - 1, 0)], self.reach)
-        if self.open_start is not None:
-            seg_start = np.concatenate([[self.open_start], seg_start])
-        else:
-            closed_end = closed_end[1:]
-        done = closed_end.size
-        out = seg_start[:done], closed_end
+        # The segments: the one open before (if any), then one per row that opens one; each
+        # closes at the reach just before the next one's first row.
+        lead = 0 if self.open_start is None else 1
+        seg_start = np.empty(lead + int(np.count_nonzero(opens)), dtype=np.int64)
+        if lead:
+            seg_start[0] = self.open_start
+        np.compress(opens, start, out=seg_start[lead:])
+        closed_end = np.empty(seg_start.size - 1, dtype=np.int64)
+        head0 = 1 if lead and opens[0] else 0  # row 0 opens one: the open one closes at the old reach
+        if head0:
+            closed_end[0] = self.reach
+        np.compress(opens[1:], reach[:-1], out=closed_end[head0:])
+        out = seg_start[:-1], closed_end
         self.open_start = int(seg_start[-1])
         self.reach = int(reach[-1])
         return out
@@ -158,17 +162,19 @@ class GroupUnion:
     is its largest end less its first start. ``clip``: a segment shorter than 0 counts 0 (the
     pipeline bubble's rule, :func:`traceguard.metrics.workloads.bubble_inputs`).
 
-    State per group: the open segment's start and reach, and the closed segments' total."""
+    Summed per row instead of per segment: with ``R`` the running max of the group's ends, a row
+    adds ``R[i] - max(start[i], R[i-1])`` (a row inside a segment adds how far it pushes the reach,
+    one that opens a segment adds its own extent), and over a segment that telescopes to its
+    length. A segment shorter than 0 is a single row (a later row of it would start before the
+    first), so clipping rows that open a segment clips exactly those segments.
+
+    State per group: the reach and the total so far."""
 
     def __init__(self, clip: bool = False) -> None:
         self.clip = clip
         self.keys = np.empty(0, dtype=np.int64)  # sorted
-        self.seg_start = np.empty(0, dtype=np.int64)
         self.reach = np.empty(0, dtype=np.int64)
         self.total = np.empty(0, dtype=np.int64)
-
-    def _length(self, lengths: np.ndarray) -> np.ndarray:
-        return np.maximum(lengths, 0) if self.clip else lengths
 
     def feed(self, keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         if keys.size == 0:
@@ -180,14 +186,16 @@ class GroupUnion:
         order = np.argsort(start, kind="stable")
         order = order[np.argsort(keys[order], kind="stable")]
         k, s, e = keys[order], start[order], end[order].astype(np.int64, copy=False)
+        del order
         n = k.size
         first = np.empty(n, dtype=bool)
         first[0] = True
         np.not_equal(k[1:], k[:-1], out=first[1:])
-        group = np.cumsum(first) - 1
         heads = np.flatnonzero(first)
         uniq = k[heads]
-        # The state of the chunk's groups that were seen before.
+        group = np.cumsum(first)
+        group -= 1
+        # The reach of the chunk's groups seen before (the lowest int64 for new ones).
         at = np.searchsorted(self.keys, uniq)
         if self.keys.size:
             known = (at < self.keys.size) & (self.keys[np.minimum(at, self.keys.size - 1)] == uniq)
@@ -195,55 +203,38 @@ class GroupUnion:
             known = np.zeros(uniq.size, dtype=bool)
         prior_reach = np.full(uniq.size, _INT64_MIN, dtype=np.int64)
         prior_reach[known] = self.reach[at[known]]
-        # Running max of the ends within each group, then with the group's prior reach.
+        # R: the running max of the ends within each group, from the group's prior reach.
         running = _group_cummax(e, group, first)
         np.maximum(running, prior_reach[group], out=running)
-        opens = np.empty(n, dtype=bool)
-        opens[1:] = s[1:] > running[:-1]
-        opens[first] = ~known | (s[first] > prior_reach)
-        # Segments: each opener starts one; a group's first row that opens nothing continues
-        # its open segment from before.
-        record = opens | first
-        rec = np.flatnonzero(record)
-        rec_group = group[rec]
-        rec_start = s[rec]
-        continuing = first[rec] & ~opens[rec]
-        prior_start = np.zeros(uniq.size, dtype=np.int64)
-        prior_start[known] = self.seg_start[at[known]]
-        rec_start[continuing] = prior_start[rec_group[continuing]]
-        rec_last = np.append(rec[1:] - 1, n - 1)
-        rec_end = running[rec_last]
-        last_of_group = np.append(rec_group[1:] != rec_group[:-1], True)
-        # Records are grouped: each group's closed segments (all its records but the last) add up
-        # between its first record and the next group's.
-        lengths = self._length(rec_end - rec_start)
-        lengths[last_of_group] = 0
-        group_first = np.flatnonzero(np.concatenate(([True], rec_group[1:] != rec_group[:-1])))
-        added = np.add.reduceat(lengths, group_first)
-        # A known group whose first row opens a segment closes the one open before.
-        closes_prior = known & opens[heads]
-        prior_len = np.zeros(uniq.size, dtype=np.int64)
-        prior_len[closes_prior] = self._length(self.reach[at[closes_prior]] - self.seg_start[at[closes_prior]])
-        added += prior_len
-        open_start = rec_start[last_of_group]
-        open_reach = rec_end[last_of_group]
+        # Each row adds R[i] - max(start[i], R[i-1]); R[-1] of a group is its prior reach.
+        before = np.empty(n, dtype=np.int64)
+        before[1:] = running[:-1]
+        before[heads] = prior_reach
+        np.maximum(before, s, out=before)
+        added_rows = running - before
+        if self.clip:
+            np.maximum(added_rows, 0, out=added_rows)
+        added = np.add.reduceat(added_rows, heads)
+        last = np.empty_like(heads)
+        last[:-1] = heads[1:]
+        last[:-1] -= 1
+        last[-1] = n - 1
+        reach = running[last]
         # Write the state back: known groups in place, new ones merged in key order.
         idx = at[known]
-        self.seg_start[idx] = open_start[known]
-        self.reach[idx] = open_reach[known]
+        self.reach[idx] = reach[known]
         self.total[idx] += added[known]
         new = ~known
         if new.any():
             keys_all = np.concatenate([self.keys, uniq[new]])
             order_all = np.argsort(keys_all, kind="stable")
             self.keys = keys_all[order_all]
-            self.seg_start = np.concatenate([self.seg_start, open_start[new]])[order_all]
-            self.reach = np.concatenate([self.reach, open_reach[new]])[order_all]
+            self.reach = np.concatenate([self.reach, reach[new]])[order_all]
             self.total = np.concatenate([self.total, added[new]])[order_all]
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, union ns) in key order, every open segment closed."""
-        return self.keys, self.total + self._length(self.reach - self.seg_start)
+        """(keys, union ns) in key order."""
+        return self.keys, self.total.copy()
 
 
 def _group_cummax(values: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -307,6 +298,11 @@ class _Pass2:
     timed: int = 0
     compute_all: UnionDrain = field(default_factory=UnionDrain)
     compute_by_device: dict[int, UnionDrain] = field(default_factory=dict)
+    #: While every compute kernel so far ran on one device (one GPU per rank: the usual case),
+    #: that device's union is ``compute_all``'s, fed once; None before the first kernel.
+    #: ``sole`` turns false for good when a second device appears.
+    sole: bool = True
+    sole_device: int | None = None
     near: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     copies_union: UnionDrain = field(default_factory=UnionDrain)
     graph_count: int = 0
@@ -428,11 +424,15 @@ def _finish(
     compute_lane = SegmentReducer(max_segments)
     copies_lane = SegmentReducer(max_segments)
     want_busy = bool(rare.select((pl.col("kind") == "graph").any()).item()) or one.launched_by_graph > 0
-    for path in spilled:
-        ops = pl.read_ipc(path)
-        mask = window_mask(ops, spans, pid_of_step)
-        _second_pass(two, ops, mask, launched_expr, nccl_by_device, compute_lane, copies_lane, want_busy)
-        del ops, mask
+    # Each slice's own sums and arrays are taken on the read-ahead thread while this one feeds
+    # the unions, which need the slices in order (pass 2 had a core to itself otherwise).
+    prepared = (
+        _second_pass_slice(path, spans, pid_of_step, launched_expr, bubble=two.bubble is not None, busy=want_busy)
+        for path in spilled
+    )
+    for part in prefetched(prepared):
+        _second_pass(two, part, nccl_by_device, compute_lane, copies_lane)
+        del part
     _close_unions(two, nccl_by_device, compute_lane, copies_lane)
 
     # -- assembly ------------------------------------------------------------------------------
@@ -516,19 +516,28 @@ def _finish(
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
 
 
-def _resolve_steps(capture: Capture, op_slices: OpSlices, patterns: Sequence[str], sources: Sequence[str]) -> Any:
-    """The rank's steps as :func:`resolve_steps` finds them on the whole frame: the sources that
-    read only ranges are tried on their own until one needs the ops (module docstring)."""
+def steps_from_ranges(capture: Capture, patterns: Sequence[str], sources: Sequence[str]) -> Any | None:
+    """The rank's steps when the step sources that read only ranges settle them (a source found
+    steps, or no source needs the ops), as :func:`resolve_steps` finds them; None when they must
+    come from the kernel sequence, which a sliced analysis reads once more (module docstring)."""
     ranges_only = []
     for source in sources:
         if source in GPU_TIMED_SOURCES:
             break
         ranges_only.append(source)
+    if not ranges_only:
+        return None
+    resolved = resolve_steps(capture.ranges, capture.gpu_ops.clear(), capture.strings, patterns, ranges_only)
+    return resolved if resolved.source is not None or len(ranges_only) == len(sources) else None
+
+
+def _resolve_steps(capture: Capture, op_slices: OpSlices, patterns: Sequence[str], sources: Sequence[str]) -> Any:
+    """The rank's steps as :func:`resolve_steps` finds them on the whole frame: the sources that
+    read only ranges are tried on their own until one needs the ops (module docstring)."""
+    resolved = steps_from_ranges(capture, patterns, sources)
+    if resolved is not None:
+        return resolved
     no_ops = capture.gpu_ops.clear()
-    if ranges_only:
-        resolved = resolve_steps(capture.ranges, no_ops, capture.strings, patterns, ranges_only)
-        if resolved.source is not None or len(ranges_only) == len(sources):
-            return resolved
     parts = [part.select(_SEQUENCE_COLUMNS) for part in op_slices()]
     sequence = pl.concat(parts) if parts else no_ops.select(_SEQUENCE_COLUMNS)
     return resolve_steps(capture.ranges, sequence, capture.strings, patterns, sources)
@@ -571,54 +580,121 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
     one.rare.append(ops.filter(rare.fill_null(False)))
 
 
-def _second_pass(
-    two: _Pass2,
-    ops: pl.DataFrame,
-    mask: pl.Series,
-    launched: pl.Expr,
-    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
-    compute_lane: SegmentReducer,
-    copies_lane: SegmentReducer,
-    want_busy: bool,
-) -> None:
+@dataclass
+class _Pass2Slice:
+    """What pass 2 takes from one spilled slice before feeding it in order (:func:`_second_pass`)."""
+
+    counts: dict[str, int]
+    pageable: tuple[int, int, int]
+    devices: list[int | None]
+    #: The window's timed ops: first start, last end, how many.
+    bounds: tuple[int, int, int] | None
+    #: The window's timed compute kernels in start order: start, end, device (null as -1), and
+    #: the devices they ran on, in order.
+    compute: tuple[np.ndarray, np.ndarray, np.ndarray]
+    compute_devices: list[int]
+    #: The window's timed copies and sets in start order.
+    moved: tuple[np.ndarray, np.ndarray]
+    graph_count: int
+    launched_count: int
+    #: (step key, start, end) of the compute kernels in steps (when the bubble is wanted).
+    bubble: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    #: (device key, start, end) of the window's timed ops and of those a graph launched.
+    busy_all: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    busy_launched: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+
+def _second_pass_slice(
+    path: Path, spans: pl.DataFrame, pid_of_step: pl.DataFrame, launched: pl.Expr, *, bubble: bool, busy: bool
+) -> _Pass2Slice:
+    """One spilled slice read back and reduced to what :func:`_second_pass` feeds (no state)."""
+    ops = pl.read_ipc(path)
+    mask = window_mask(ops, spans, pid_of_step)
     window = ops.filter(mask)
-    counts = copies.copy_counts(window)
-    two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
-    two.pageable = tuple(a + b for a, b in zip(two.pageable, copies.pageable_bytes(window), strict=True))  # type: ignore[assignment]
-    two.devices.update(window["device"].unique().to_list())
     timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+    bounds = None
     if timed.height:
-        first, last = int(timed["start"].min()), int(timed["end"].max())  # type: ignore[arg-type]
-        two.first = first if two.first is None else min(two.first, first)
-        two.last = last if two.last is None else max(two.last, last)
-        two.timed += timed.height
+        bounds = (int(timed["start"].min()), int(timed["end"].max()), timed.height)  # type: ignore[arg-type]
     kind = pl.col("kind").to_physical()
     compute = timed.filter((kind == _KERNEL) & ~pl.col("is_nccl").fill_null(False)).select(
         pl.col("device").fill_null(-1).cast(pl.Int64), "start", "end"
     )
-    compute = compute.sort("start", maintain_order=True)
-    start, end = compute["start"].to_numpy(), compute["end"].to_numpy()
-    compute_lane.feed(*two.compute_all.feed(start, end))
-    device = compute["device"].to_numpy()
-    for dev in np.unique(device).tolist():
-        rows = np.flatnonzero(device == dev)
-        drain = two.compute_by_device.setdefault(dev, UnionDrain())
-        _keep_near(two, dev, *drain.feed(start[rows], end[rows]), nccl_by_device)
+    if not compute["start"].is_sorted():  # a kernel table is usually in start order already
+        compute = compute.sort("start", maintain_order=True)
+    low, high = compute["device"].min(), compute["device"].max()
+    devices = [] if low is None else [low] if low == high else sorted(compute["device"].unique().to_list())
     moved = timed.filter(kind.is_in(_COPY_CODES)).select("start", "end").sort("start", maintain_order=True)
-    copies_lane.feed(*two.copies_union.feed(moved["start"].to_numpy(), moved["end"].to_numpy()))
     row = window.select((pl.col("kind") == "graph").sum().alias("g"), launched.sum().alias("l")).row(0)
-    two.graph_count += int(row[0] or 0)
-    two.launched_count += int(row[1] or 0)
-    if two.bubble is not None:
+    bubble_rows = None
+    if bubble:
         in_steps = ops.filter(
             pl.col("step_id").is_not_null() & (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
         )
-        two.bubble.feed(_pack(in_steps["step_id"]), in_steps["start"].to_numpy(), in_steps["end"].to_numpy())
-    if want_busy:
-        busy = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
-        two.busy_all.feed(_pack(busy["device"]), busy["start"].to_numpy(), busy["end"].to_numpy())
-        by_graph = busy.filter(launched)
-        two.busy_launched.feed(_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
+        bubble_rows = (_pack(in_steps["step_id"]), in_steps["start"].to_numpy(), in_steps["end"].to_numpy())
+    busy_all = busy_launched = None
+    if busy:
+        by_graph = timed.filter(launched)
+        busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
+        busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
+    return _Pass2Slice(
+        counts=copies.copy_counts(window),
+        pageable=copies.pageable_bytes(window),
+        devices=window["device"].unique().to_list(),
+        bounds=bounds,
+        compute=(compute["start"].to_numpy(), compute["end"].to_numpy(), compute["device"].to_numpy()),
+        compute_devices=devices,  # type: ignore[arg-type]
+        moved=(moved["start"].to_numpy(), moved["end"].to_numpy()),
+        graph_count=int(row[0] or 0),
+        launched_count=int(row[1] or 0),
+        bubble=bubble_rows,
+        busy_all=busy_all,
+        busy_launched=busy_launched,
+    )
+
+
+def _second_pass(
+    two: _Pass2,
+    part: _Pass2Slice,
+    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
+    compute_lane: SegmentReducer,
+    copies_lane: SegmentReducer,
+) -> None:
+    """Feed one slice of pass 2, in order (module docstring)."""
+    counts = part.counts
+    two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
+    two.pageable = tuple(a + b for a, b in zip(two.pageable, part.pageable, strict=True))  # type: ignore[assignment]
+    two.devices.update(part.devices)
+    if part.bounds is not None:
+        first, last, timed = part.bounds
+        two.first = first if two.first is None else min(two.first, first)
+        two.last = last if two.last is None else max(two.last, last)
+        two.timed += timed
+    start, end, device = part.compute
+    devices = part.compute_devices
+    if two.sole and len(devices) <= 1 and (two.sole_device is None or devices in ([], [two.sole_device])):
+        # One device so far: its rows are all the rows, so its union is the one just fed.
+        closed = two.compute_all.feed(start, end)
+        compute_lane.feed(*closed)
+        if devices:
+            two.sole_device = devices[0]
+            _keep_near(two, devices[0], *closed, nccl_by_device)
+    else:
+        if two.sole and two.sole_device is not None:  # the sole device's union so far, its own now
+            two.compute_by_device[two.sole_device] = copy.copy(two.compute_all)
+        two.sole = False
+        compute_lane.feed(*two.compute_all.feed(start, end))
+        for dev in devices:
+            rows = np.flatnonzero(device == dev)
+            drain = two.compute_by_device.setdefault(dev, UnionDrain())
+            _keep_near(two, dev, *drain.feed(start[rows], end[rows]), nccl_by_device)
+    copies_lane.feed(*two.copies_union.feed(*part.moved))
+    two.graph_count += part.graph_count
+    two.launched_count += part.launched_count
+    if two.bubble is not None and part.bubble is not None:
+        two.bubble.feed(*part.bubble)
+    if part.busy_all is not None and part.busy_launched is not None:
+        two.busy_all.feed(*part.busy_all)
+        two.busy_launched.feed(*part.busy_launched)
 
 
 def _close_unions(
@@ -627,7 +703,10 @@ def _close_unions(
     compute_lane: SegmentReducer,
     copies_lane: SegmentReducer,
 ) -> None:
-    compute_lane.feed(*two.compute_all.finish())
+    closed = two.compute_all.finish()
+    compute_lane.feed(*closed)
+    if two.sole and two.sole_device is not None:
+        _keep_near(two, two.sole_device, *closed, nccl_by_device)
     copies_lane.feed(*two.copies_union.finish())
     for dev, drain in two.compute_by_device.items():
         _keep_near(two, dev, *drain.finish(), nccl_by_device)
@@ -636,15 +715,23 @@ def _close_unions(
 def _keep_near(
     two: _Pass2, device: int, start: np.ndarray, end: np.ndarray, nccl: dict[int, tuple[np.ndarray, np.ndarray]]
 ) -> None:
-    """Keep the compute segments of ``device`` that meet (or touch) one of its NCCL intervals."""
+    """Keep the compute segments of ``device`` (disjoint, in order: a :class:`UnionDrain`'s) that
+    meet (or touch) one of its NCCL intervals."""
     two.near.setdefault(device, [])
     if start.size == 0 or device not in nccl:
         return
     nccl_start, nccl_reach = nccl[device]
-    # The NCCL intervals that start by a segment's end; the latest end among them reaches its start?
-    upto = np.searchsorted(nccl_start, end, side="right")
-    reach = np.where(upto > 0, nccl_reach[np.maximum(upto - 1, 0)], _INT64_MIN)
-    meets = reach >= start
+    # A segment meets one when some NCCL interval starts by the segment's end and ends (reach:
+    # running max of the ends in start order) at or after its start. The segments are disjoint
+    # and sorted, so each interval meets a run of them: [first ending at or after its start,
+    # last starting at or before its reach]. Searched from the few intervals, not the many segments.
+    lo = np.searchsorted(end, nccl_start, side="left")
+    hi = np.searchsorted(start, nccl_reach, side="right")
+    hit = lo < hi
+    if not hit.any():
+        return
+    edges = np.bincount(lo[hit], minlength=start.size + 1) - np.bincount(hi[hit], minlength=start.size + 1)
+    meets = np.cumsum(edges[:-1]) > 0
     if meets.any():
         two.near[device].append((start[meets], end[meets]))
 
