@@ -324,6 +324,8 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     spec, record, options = task.spec, outcome.record, task.options
     with open_sliced(path, shown=str(spec.path)) as source:
         small = with_rank_hint(source.small_capture())
+        if _may_read_whole(options, path) and _needs_kernel_sequence(task, small):
+            return None
         if report:
             small.info.format = "nsys-rep"
         describe(record, small)
@@ -335,9 +337,6 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
         started: list[Any] | None = [first, windows] if first is not None else None
         del first
-        if _may_read_whole(options, path) and _needs_kernel_sequence(task, small, pids):
-            windows.close()
-            return None
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
@@ -367,18 +366,15 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         raise AssertionError("the GPU processes changed twice")  # pragma: no cover - the census is exact
 
 
-def _needs_kernel_sequence(task: MapTask, small: Any, pids: list[int]) -> bool:
-    """Whether a rank of the input, as planned, takes its steps from its kernel sequence."""
+def _needs_kernel_sequence(task: MapTask, small: Any) -> bool:
+    """Whether the input's steps must come from its kernel sequence: its ranges (all processes'
+    together) settle no steps. Asked before the first slice is read, so a file read whole after
+    all is not read in part first; a rank whose own ranges miss the steps another's have is
+    still analysed right, sliced (it only reads its file twice)."""
     from traceguard.metrics.sliced import steps_from_ranges
 
-    assignment = task.assignment
-    if assignment is None or assignment.error or len(assignment.ranks) != max(len(pids), 1):
-        return False  # not analysed under this plan
     options = _rank_options(task)
-    return any(
-        steps_from_ranges(part, options["step_patterns"], options["step_sources"]) is None
-        for _rank, part in rank_parts(small, pids, assignment)
-    )
+    return steps_from_ranges(small, options["step_patterns"], options["step_sources"]) is None
 
 
 @dataclass
