@@ -218,6 +218,18 @@ def traceguard_output_ok(stem: Path, report: Path, run: dict) -> str | None:
     return None
 
 
+def measure_traceguard(command: list[str], stem: Path) -> dict:
+    """One ``traceguard analyze`` run writing its JSON report beside ``stem`` (:func:`measure`),
+    its error when it did not count."""
+    report = Path(f"{stem}.report.json")
+    report.unlink(missing_ok=True)
+    cmd = [*command, "--format", "json", "--out", str(report)]
+    r = measure(cmd, stem)
+    r["cmd"] = shlex.join(cmd)
+    r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+    return r
+
+
 def same_reports(logs: Path) -> str:
     """Whether the first default (sliced) run's JSON report equals the first whole-file run's,
     apart from ``generated_at``."""
@@ -368,36 +380,15 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
             if fingerprint(db) != before:
                 notes.append("nsys stats modified the input file (see fingerprints)")
         if tg:
-            warm_cache(db)
-            stem = logs / f"traceguard_nsys.{i}"
-            report = logs / f"traceguard_nsys.{i}.report.json"
-            report.unlink(missing_ok=True)
-            cmd = [*tg, "analyze", str(db), "--format", "json", "--out", str(report)]
-            r = measure(cmd, stem)
-            r["cmd"] = shlex.join(cmd)
-            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
-            tools["traceguard analyze"].append(r)
-            print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
-            warm_cache(db)
-            stem = logs / f"traceguard_nsys_whole.{i}"
-            report = logs / f"traceguard_nsys_whole.{i}.report.json"
-            report.unlink(missing_ok=True)
-            cmd = [*tg, "analyze", str(db), "--sliced-above", "1T", "--format", "json", "--out", str(report)]
-            r = measure(cmd, stem)
-            r["cmd"] = shlex.join(cmd)
-            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
-            tools[WHOLE].append(r)
-            print(f"  traceguard whole file #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
-            warm_cache(db)
-            stem = logs / f"traceguard_nsys_inferred.{i}"
-            report = logs / f"traceguard_nsys_inferred.{i}.report.json"
-            report.unlink(missing_ok=True)
-            cmd = [*tg, "analyze", str(db), "--step-source", "inferred", "--format", "json", "--out", str(report)]
-            r = measure(cmd, stem)
-            r["cmd"] = shlex.join(cmd)
-            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
-            tools[INFERRED].append(r)
-            print(f"  traceguard inferred #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
+            for tool, stem_name, extra in (
+                ("traceguard analyze", "traceguard_nsys", []),
+                (WHOLE, "traceguard_nsys_whole", ["--sliced-above", "1T"]),
+                (INFERRED, "traceguard_nsys_inferred", ["--step-source", "inferred"]),
+            ):
+                warm_cache(db)
+                r = measure_traceguard([*tg, "analyze", str(db), *extra], logs / f"{stem_name}.{i}")
+                tools[tool].append(r)
+                print(f"  {tool} #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
             for sources in ("", "inferred"):
                 warm_cache(db)
                 stem = logs / f"stages_{sources or 'default'}.{i}"
@@ -483,13 +474,7 @@ def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> 
         print(f"  json.load #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
         if tg:
             warm_cache(trace)
-            stem = logs / f"traceguard_kineto.{i}"
-            report = logs / f"traceguard_kineto.{i}.report.json"
-            report.unlink(missing_ok=True)
-            cmd = [*tg, "analyze", str(trace), "--format", "json", "--out", str(report)]
-            r = measure(cmd, stem)
-            r["cmd"] = shlex.join(cmd)
-            r["error"] = (f"exit status {r['rc']}" if r["rc"] else None) or traceguard_output_ok(stem, report, r)
+            r = measure_traceguard([*tg, "analyze", str(trace)], logs / f"traceguard_kineto.{i}")
             tools["traceguard analyze"].append(r)
             print(f"  traceguard #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
     if not tg:
