@@ -578,7 +578,8 @@ def write_markdown(res: dict, path: Path) -> None:
     if "default" in stages or "inferred" in stages:
         lines += [
             "",
-            "Stage costs inside one analysis of the nsys file (in-process, median seconds; share = stage ÷ "
+            "Stage costs inside one whole-file analysis of the nsys file (in-process, the file read into "
+            "memory at once; median seconds; share = stage ÷ "
             f"read + analyse; target ≤ {STAGE_SHARE:.0%} each):",
             "",
             "| steps from | read s | analyse s | step inference s | per-collective breakdown s | steps |",
