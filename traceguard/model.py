@@ -172,6 +172,12 @@ class CaptureInfo:
     has_ranges: bool = True
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Wall-clock time (ns since the Unix epoch) of the capture's time 0, so that ranks can be put
+    #: on one clock: nsys ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` (event times count from the
+    #: session start), Kineto ``baseTimeNanoseconds`` (``ts`` counts from it). None when the file
+    #: does not say; ``clock_source`` names where it came from.
+    clock_base_ns: int | None = None
+    clock_source: str | None = None
 
 
 @dataclass

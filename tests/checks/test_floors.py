@@ -382,8 +382,11 @@ def test_straggler_floor_is_steps_compared(p2p_bundle: Analysis, unpacked) -> No
     common = len(per_rank[0] & per_rank[1])
     assert common == 3
     at, short = _at_and_below(p2p_bundle.result, "straggler", "min_steps", common)
-    assert at.status == "pass"
-    assert short.reason.startswith("3 steps present on two or more ranks (< 4 steps, the profile's min_steps)")
+    # At the floor the rule judges: rank 1 reaches the single all-reduce 7-9 ms after rank 0 in
+    # steps 1 and 2 (9.4 % of the step), though the GPU spans differ by 3.5 %: the message says so.
+    assert at.status == "warn"
+    assert "arrival spread 9.4%" in at.message and "rank 1 arrived last" in at.message
+    assert short.reason.startswith("3 steps compared across ranks (< 4 steps, the profile's min_steps)")
 
 
 def test_transport_floor_is_connection_lines(p2p_bundle: Analysis) -> None:

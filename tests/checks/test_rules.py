@@ -39,7 +39,9 @@ METRIC_OF = {
     "nccl_step_share": "nccl_share_of_step",
     "pageable_host_copies": "pageable_host_share",
     "homogeneous_gpus": "distinct_gpu_models",
-    "straggler": "straggler_spread",
+    # The worse of the GPU-span spread and the arrival spread (docs/collectives.md): a rank late on
+    # its host stretches the others' spans, not its own.
+    "straggler": "straggler_worst",
     # Link rules (side inputs, traceguard/metrics/links.py).
     "transport_p2p": "transport_fallback_pairs",
     "pcie_saturation": "pcie_saturation",
@@ -220,7 +222,7 @@ FAILING_VALUE = {
     "nccl_share_of_step": 0.5,
     "pageable_host_share": 0.8,
     "distinct_gpu_models": 2,
-    "straggler_spread": 0.4,
+    "straggler_worst": 0.4,
     "transport_fallback_pairs": 1,
     "pcie_saturation": 0.9,
     "p2p_utilization": 0.6,

@@ -17,6 +17,7 @@ from steps that were inferred, or that are each rank's whole GPU window, says so
 from __future__ import annotations
 
 import operator
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -84,6 +85,10 @@ class Rule:
     floors: tuple[Floor, ...] = ()
     #: The value (or a floor) is computed per step: say so when the steps are inferred or windows.
     step_based: bool = False
+    #: What the message adds after the value (e.g. the wait / transfer split), from the run.
+    detail: Callable[[RunResult], str | None] | None = None
+    #: The remedy chosen from the run (the cause found), when it depends on it; else ``remedy``.
+    remedy_for: Callable[[RunResult], str | None] | None = None
 
 
 def _pct(value: float) -> str:
@@ -218,8 +223,99 @@ def _dtod_evidence(result: RunResult) -> list[dict[str, Any]]:
 
 def _nccl_evidence(result: RunResult) -> list[dict[str, Any]]:
     return _rank_evidence(
-        result, "nccl_share_of_step", extra=("nccl_step_ns", "gpu_span_ns", "nccl_exposed_ns")
+        result,
+        "nccl_share_of_step",
+        extra=("nccl_step_ns", "gpu_span_ns", "nccl_exposed_ns", "nccl_wait_ns", "nccl_transfer_ns", "nccl_wait_share"),
     ) + _worst_steps(result, "nccl_share")
+
+
+def _late_rank_row(result: RunResult) -> dict[str, Any] | None:
+    """The late rank as evidence: how often last, how late, what it launched from, and its GPU's
+    idle time waiting for its host per step beside the other ranks'."""
+    late = result.waits.late if result.waits else None
+    if not late:
+        return None
+    idle = {
+        r.rank: _median_of([s.get("idle_host_ns") for s in r.steps]) for r in result.ranks
+    }
+    others = [v for rank, v in idle.items() if rank != late["rank"] and v is not None]
+    return {
+        "late_rank": late["rank"],
+        "last_arrivals": late["last_arrivals"],
+        "of_matched": late["of"],
+        "median_late_ns": late["median_late_ns"],
+        "p95_late_ns": late["p95_late_ns"],
+        "launched_in": ", ".join(p["phase"] for p in late["launched_in"]) or None,
+        "late_rank_idle_host_ns_per_step": idle.get(late["rank"]),
+        "other_ranks_idle_host_ns_per_step": statistics.median(others) if others else None,
+    }
+
+
+def _median_of(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _wait_evidence(result: RunResult) -> list[dict[str, Any]]:
+    rows = [row] if (row := _late_rank_row(result)) else []
+    return rows + _rank_evidence(result, "nccl_wait_share", extra=("nccl_wait_ns", "nccl_transfer_ns"))
+
+
+def late_rank_sentence(result: RunResult) -> str | None:
+    """"rank 1 arrived last at 360 of 360 matched collectives, median 30.1 ms late; its GPU waited
+    for its host 30.2 ms per step (the others 0.1 ms)": the cause, in one sentence."""
+    row = _late_rank_row(result)
+    if row is None:
+        return None
+    text = (
+        f"rank {row['late_rank']} arrived last at {row['last_arrivals']} of {row['of_matched']} matched "
+        f"collectives, median {format_ns(row['median_late_ns'] or 0)} late"
+    )
+    if row["launched_in"]:
+        text += f" (launched in `{row['launched_in']}`)"
+    mine, others = row["late_rank_idle_host_ns_per_step"], row["other_ranks_idle_host_ns_per_step"]
+    if mine is not None and others is not None:
+        text += f"; its GPU waited for its host {format_ns(mine)} per step (the other ranks {format_ns(others)})"
+    return text
+
+
+def _split_detail(result: RunResult) -> str | None:
+    """The NCCL time's split into waiting for the last rank and transfer (metrics.waits)."""
+    share = result.metrics.get("nccl_wait_share")
+    if share is None:
+        reason = result.null_reasons.get("nccl_wait_share")
+        return f"wait / transfer not split: {reason}" if reason else None
+    text = f"{share:.0%} of the NCCL kernel time waits for the last rank to arrive, {1 - share:.0%} is transfer"
+    late = late_rank_sentence(result) if share >= 0.25 else None
+    return text + (f" ({late})" if late else "")
+
+
+LATE_RANK_REMEDY = (
+    "The collectives wait for a late rank, not for the link: make {who} arrive on time. Look at what its "
+    "host does before the collectives (the evidence names the phase and how long its GPU sat idle waiting for "
+    "the host): a slow input pipeline (more DataLoader workers, `pin_memory=True`, prefetching), per-step host "
+    "syncs (`.item()`, `.cpu()`, `torch.cuda.synchronize()`, logging every step), Python launch overhead (CUDA "
+    "graphs, `torch.compile`), garbage-collection pauses (`gc.freeze()` after set-up, `gc.collect()` on a fixed "
+    "step), CPU contention or affinity (pin each rank to its NUMA node's cores), or uneven work per rank. "
+    "Tuning NCCL or the link will not shorten this wait."
+)
+
+
+def _late_remedy(result: RunResult) -> str:
+    late = result.metrics.get("late_rank")
+    return LATE_RANK_REMEDY.format(who=f"rank {late}" if late is not None else "the late rank")
+
+
+def _share_remedy(result: RunResult) -> str | None:
+    """nccl_step_share's remedy by the split: the late rank's host when most NCCL time is waiting."""
+    share = result.metrics.get("nccl_wait_share")
+    return _late_remedy(result) if share is not None and share >= 0.5 else None
+
+
+def _matched_steps_found(result: RunResult) -> str:
+    matched, steps = _m(result, "collective_instances_matched"), _m(result, "matched_steps") or 0
+    text = f"{_plural(matched or 0, 'matched collective')} in {_plural(steps, 'step')}"
+    return text
 
 
 def _pageable_evidence(result: RunResult) -> list[dict[str, Any]]:
@@ -231,7 +327,17 @@ def _gpu_evidence(result: RunResult) -> list[dict[str, Any]]:
 
 
 def _straggler_evidence(result: RunResult) -> list[dict[str, Any]]:
-    return [
+    arrivals = [
+        {
+            "index": s["index"],
+            "latest_rank": s["latest_rank"],
+            "median_lateness_ns": s["lateness_ns"],
+            "median_gpu_span_ns": s["median_gpu_span_ns"],
+            "arrival_spread": s["spread"],
+        }
+        for s in (result.waits.arrival_steps[:5] if result.waits else [])
+    ]
+    spans = [
         {
             "index": s.index,
             "slowest_rank": s.slowest_rank,
@@ -241,6 +347,32 @@ def _straggler_evidence(result: RunResult) -> list[dict[str, Any]]:
         }
         for s in result.straggler_steps[:5]
     ]
+    # The cause first: a rank late on its host stretches the others' GPU spans (they wait for it),
+    # so the span's slowest rank is then the victim, not the straggler.
+    arrival, span = _m(result, "arrival_spread"), _m(result, "straggler_spread")
+    return arrivals + spans if arrival is not None and (span is None or arrival >= span) else spans + arrivals
+
+
+def _straggler_remedy(result: RunResult) -> str | None:
+    """The late rank's remedy when arrival lateness, not a longer GPU span, is the straggling."""
+    arrival, span = _m(result, "arrival_spread"), _m(result, "straggler_spread")
+    if arrival is None or _m(result, "late_rank") is None or (span is not None and span > arrival):
+        return None
+    return _late_remedy(result)
+
+
+def _straggler_detail(result: RunResult) -> str | None:
+    arrival, span = _m(result, "arrival_spread"), _m(result, "straggler_spread")
+    parts = []
+    if span is not None:
+        parts.append(f"GPU span spread {span:.1%}")
+    if arrival is not None:
+        parts.append(f"arrival spread {arrival:.1%} (latest rank's median lateness at the collectives ÷ the step)")
+    if arrival is not None and (span is None or arrival >= span):
+        late = late_rank_sentence(result)
+        if late:
+            parts.append(late)
+    return "; ".join(parts) or None
 
 
 def _link_evidence(rule_id: str) -> Callable[[RunResult], list[dict[str, Any]]]:
@@ -334,7 +466,7 @@ def _gpu_model_ranks_found(result: RunResult) -> str:
 
 
 def _straggler_found(result: RunResult) -> str:
-    return f"{_plural(_m(result, 'straggler_steps_compared') or 0, 'step')} present on two or more ranks"
+    return f"{_plural(_m(result, 'straggler_evidence_steps') or 0, 'step')} compared across ranks"
 
 
 def _connections_found(result: RunResult) -> str:
@@ -428,6 +560,28 @@ RULES: dict[str, Rule] = {
                 ),
             ),
             step_based=True,
+            detail=_split_detail,
+            remedy_for=_share_remedy,
+        ),
+        Rule(
+            "collective_wait",
+            "Collective time spent waiting for the last rank",
+            "nccl_wait_share",
+            "share",
+            LATE_RANK_REMEDY.format(who="the late rank"),
+            _wait_evidence,
+            floors=(
+                Floor(
+                    "min_steps",
+                    "matched_steps",
+                    "step",
+                    _matched_steps_found,
+                    "too few steps with collectives matched across ranks: one slow step would decide",
+                ),
+            ),
+            step_based=True,
+            detail=lambda result: late_rank_sentence(result),
+            remedy_for=_late_remedy,
         ),
         Rule(
             "pageable_host_copies",
@@ -470,7 +624,7 @@ RULES: dict[str, Rule] = {
         Rule(
             "straggler",
             "Straggler spread of step time",
-            "straggler_spread",
+            "straggler_worst",
             "share",
             "One rank is slower than the rest: compare its phases with the others' (data loading, CPU "
             "contention or affinity, a different GPU or NUMA placement, thermal or power throttling — "
@@ -479,13 +633,15 @@ RULES: dict[str, Rule] = {
             floors=(
                 Floor(
                     "min_steps",
-                    "straggler_steps_compared",
+                    "straggler_evidence_steps",
                     "step",
                     _straggler_found,
                     "too few steps to tell a slow rank from one slow step (warm-up, a checkpoint, a GC pause)",
                 ),
             ),
             step_based=True,
+            detail=_straggler_detail,
+            remedy_for=_straggler_remedy,
         ),
         Rule(
             "transport_p2p",
@@ -669,16 +825,20 @@ def _threshold_check(rule: Rule, config: RuleConfig, result: RunResult) -> Check
         message = f"{rule.title}: {shown} (within bounds: {limits})"
     else:
         message = f"{rule.title}: {shown} {config.op} {status} bound {format_value(bound, rule.unit)}"
+    detail = rule.detail(result) if rule.detail else None
+    if detail:
+        message += f"; {detail}"
     if note:
         message += f" ({note})"
     evidence = rule.evidence(result) if status != PASS else []
+    remedy = ((rule.remedy_for(result) if rule.remedy_for else None) or rule.remedy) if status != PASS else None
     return CheckResult(
         **base,
         status=status,
         message=message,
         reason=None,
         evidence=evidence,
-        remedy=rule.remedy if status != PASS else None,
+        remedy=remedy,
     )
 
 

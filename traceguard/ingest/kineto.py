@@ -609,8 +609,13 @@ def _info(top: _Trace, shown: str, has_gpu: bool, has_api: bool) -> CaptureInfo:
         has_ranges=True,
     )
     if top.baseTimeNanoseconds is not None:
-        # Each rank's clock stays its own: cross-rank metrics compare steps by index, never by time.
+        # Event times stay as written (ts); the base puts them on the wall clock, which the
+        # cross-rank reduce refines from the collectives themselves (metrics.waits).
         info.env["base_time_ns"] = str(top.baseTimeNanoseconds)
+        base = _as_int(top.baseTimeNanoseconds)
+        if base is not None and base > 0:
+            info.clock_base_ns = base
+            info.clock_source = "Kineto baseTimeNanoseconds"
     if isinstance(dist.get("backend"), str):
         info.env["distributed_backend"] = dist["backend"]
     return info

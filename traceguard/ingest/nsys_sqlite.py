@@ -467,6 +467,7 @@ class _Reader:
         notes: list[str] = []
         if "TARGET_INFO_GPU" not in tables:
             notes.append("no TARGET_INFO_GPU table: GPU names and bus ids are not available")
+        clock_base = self.session_start_ns()
         return model.CaptureInfo(
             path=self.shown,
             format="nsys-sqlite",
@@ -482,7 +483,17 @@ class _Reader:
             has_ranges=NVTX in tables or "NvtxEvents" in capture_types,
             env=env,
             notes=notes,
+            clock_base_ns=clock_base,
+            clock_source="nsys session start (utcEpochNs)" if clock_base is not None else None,
         )
+
+    def session_start_ns(self) -> int | None:
+        """UTC ns of the session start, the zero of every event time (``TARGET_INFO_SESSION_START_TIME``)."""
+        table = "TARGET_INFO_SESSION_START_TIME"
+        if table not in self.tables or "utcEpochNs" not in self.columns(table):
+            return None
+        rows = self.small(f"SELECT utcEpochNs FROM {table} WHERE typeof(utcEpochNs) = 'integer' LIMIT 1")
+        return int(rows[0][0]) if rows and rows[0][0] > 0 else None
 
     def system_hostname(self) -> str | None:
         table = "TARGET_INFO_SYSTEM_ENV"

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from traceguard.metrics import collectives, copies, graphs, nccl
+from traceguard.metrics import arrivals, breakdown, collectives, copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.intervals import union_ns_batched
 from traceguard.metrics.steps import (
@@ -68,6 +68,10 @@ class RankResult:
     workload: dict[str, Any] = field(default_factory=dict)
     #: Lanes of merged segments over the window (metrics.timeline.rank_timeline).
     timeline: dict[str, Any] = field(default_factory=dict)
+    #: The rank's collective calls, a few columns each (metrics.arrivals): what the reduce matches.
+    instances: pl.DataFrame = field(default_factory=arrivals.empty)
+    #: The capture's clock base and where it came from, and its host (metrics.waits.RankClock).
+    clock: dict[str, Any] = field(default_factory=dict)
 
 
 def analyse_rank(
@@ -124,6 +128,9 @@ def analyse_rank(
         ),
         devices_used=window.select(pl.col("device").unique()).collect().to_series(),
         bubble=ops,
+        breakdown=lambda: breakdown.whole_breakdown(
+            ops, *breakdown.periods(steps, spans, gpu_timed=resolved.gpu_timed)
+        ),
     )
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
 
@@ -159,6 +166,8 @@ class RankInputs:
     devices_used: pl.Series
     #: The attributed ops, or what the pipeline bubble reads of them.
     bubble: pl.DataFrame | BubbleInputs
+    #: Step index → the step's GPU time broken down (metrics.breakdown).
+    breakdown: Callable[[], dict[int, dict[str, int]]]
 
 
 def rank_result(
@@ -194,6 +203,7 @@ def rank_result(
     timeline_pool = ThreadPoolExecutor(max_workers=1)
     timeline = timeline_pool.submit(inputs.timeline, step_rows, nccl_ops)
     timeline_pool.shutdown(wait=False)
+    _add_breakdown(step_rows, inputs.breakdown() if info.has_gpu_trace else {})
 
     if not info.has_gpu_trace:
         _null_gpu_metrics(m, null)
@@ -240,7 +250,19 @@ def rank_result(
         small_collectives=small_details,
         workload=rank_workload(capture.ranges, steps, inputs.bubble, by_type),
         timeline=timeline.result(),
+        instances=(
+            arrivals.collective_instances(nccl_ops, steps, phases, inputs.compute_near_nccl)
+            if nccl_ops.height
+            else arrivals.cpu_instances(capture.ranges, steps, phases)
+        ),
+        clock={"base_ns": info.clock_base_ns, "source": info.clock_source, "host": info.host},
     )
+
+
+def _add_breakdown(step_rows: list[dict[str, Any]], parts: dict[int, dict[str, int]]) -> None:
+    """Each step row's GPU time broken down (metrics.breakdown); None where the step has no GPU span."""
+    for row in step_rows:
+        row.update(parts.get(row["index"], dict.fromkeys(breakdown.FIELDS)))
 
 
 def _step_detail(resolved: ResolvedSteps) -> str | None:

@@ -25,6 +25,7 @@ from traceguard.metrics import small_collectives as small
 from traceguard.metrics.collectives import run_totals
 from traceguard.metrics.graphs import HIDDEN_BY_GRAPHS
 from traceguard.metrics.rank import STRAGGLER_NEEDS_RANKS, RankResult
+from traceguard.metrics.waits import RankClock, WaitResult, reduce_waits
 from traceguard.metrics.workloads import run_workload
 
 SUMMED = (
@@ -218,6 +219,8 @@ class RunResult:
     peer_matrix: dict[str, Any] = field(default_factory=dict)
     #: What the run's workload does (metrics.workloads.run_workload).
     workload: dict[str, Any] = field(default_factory=dict)
+    #: Who waited for whom (metrics.waits): the clock alignment, the late rank, the split's sums.
+    waits: WaitResult | None = None
 
 
 def analyse_run(
@@ -255,8 +258,19 @@ def reduce_results(results: Sequence[RankResult]) -> RunResult:
     """The reduce step: the run's metrics, straggler steps, collectives, peer matrix and workload
     from the ranks' results (in rank order)."""
     results = list(results)
+    waits = reduce_waits(
+        [
+            (
+                RankClock(r.rank, r.clock.get("base_ns"), r.clock.get("source"), r.clock.get("host"), r.step_source),
+                r.instances,
+            )
+            for r in results
+        ]
+    )
+    apply_waits(results, waits)
     metrics, null = reduce_run(results)
     _, steps, _ = straggler(results)
+    run_waits(metrics, null, results, waits)
     return RunResult(
         metrics,
         null,
@@ -265,7 +279,64 @@ def reduce_results(results: Sequence[RankResult]) -> RunResult:
         collectives_by_type=run_totals([r.collectives_by_type for r in results]),
         peer_matrix=peer_matrix_of(results),
         workload=run_workload([(r.rank, r.workload) for r in results]),
+        waits=waits,
     )
+
+
+#: Rank metrics the cross-rank split adds (metrics.waits), null with its reason when it cannot.
+WAIT_RANK_METRICS = ("nccl_wait_ns", "nccl_transfer_ns", "nccl_wait_share", "collective_instances_matched")
+#: Step fields it adds: the kernel-time split, its exposed part, and the rank's lateness.
+WAIT_STEP_FIELDS = ("nccl_wait_ns", "nccl_transfer_ns", "comm_wait_ns", "comm_transfer_ns", "lateness_ns")
+
+
+def apply_waits(results: Sequence[RankResult], waits: WaitResult) -> None:
+    """The split's per-rank sums, last arrivals and per-step fields into each rank's result."""
+    for result in results:
+        row = waits.per_rank.get(result.rank, {})
+        reason = row.get("null_reason") or "not available from these inputs"
+        for key in WAIT_RANK_METRICS:
+            result.metrics[key] = row.get(key)
+            if row.get(key) is None:
+                result.null_reasons[key] = reason
+            else:
+                result.null_reasons.pop(key, None)
+        result.metrics["last_arrivals"] = row.get("last_arrivals")
+        if row.get("last_arrivals") is None:
+            result.null_reasons["last_arrivals"] = reason
+        steps = waits.per_step.get(result.rank, {})
+        for step in result.steps:
+            found = steps.get(step["index"], {})
+            step.update({key: found.get(key) for key in WAIT_STEP_FIELDS})
+
+
+def run_waits(metrics: dict[str, Any], null: dict[str, str], ranks: Sequence[RankResult], waits: WaitResult) -> None:
+    """The run's wait metrics, and the arrival spread beside the span spread (the straggler rule)."""
+    for key, value in waits.metrics.items():
+        metrics[key] = value
+        if value is None:
+            null[key] = waits.null_reasons.get(key, "not available from these inputs")
+    # Per step index: the latest rank's median lateness ÷ the median GPU span of that step.
+    spreads = []
+    timed = [r for r in ranks if r.step_source != "window"]  # a capture's length is not a step time
+    for row in waits.arrival_steps if len(timed) == len(ranks) else []:
+        spans = [r.spans_by_index[row["index"]] for r in timed if row["index"] in r.spans_by_index]
+        median = statistics.median(spans) if spans else 0
+        if median > 0 and row["lateness_ns"] is not None:
+            spreads.append({**row, "median_gpu_span_ns": median, "spread": row["lateness_ns"] / median})
+    waits.arrival_steps = sorted(spreads, key=lambda r: r["spread"], reverse=True)
+    metrics["arrival_spread"] = waits.arrival_steps[0]["spread"] if spreads else None
+    metrics["arrival_steps_compared"] = len(spreads)
+    if metrics["arrival_spread"] is None:
+        null["arrival_spread"] = (
+            WINDOW_STEPS_NO_STRAGGLER
+            if len(timed) < len(ranks)
+            else waits.null_reasons.get("late_rank") or "no step holds a collective matched on every member rank"
+        )
+    known = [v for v in (metrics.get("straggler_spread"), metrics["arrival_spread"]) if v is not None]
+    metrics["straggler_worst"] = max(known) if known else None
+    if not known:
+        null["straggler_worst"] = null.get("straggler_spread", "not available from these inputs")
+    metrics["straggler_evidence_steps"] = max(metrics.get("straggler_steps_compared") or 0, len(spreads))
 
 
 def peer_matrix_of(ranks: Sequence[RankResult]) -> dict[str, Any]:

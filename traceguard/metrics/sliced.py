@@ -49,6 +49,7 @@ import polars as pl
 
 from traceguard.metrics import copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
+from traceguard.metrics.breakdown import StepBreakdown, periods, slice_arrays
 from traceguard.metrics.rank import (
     STEP_NCCL_COLUMNS,
     RankInputs,
@@ -92,6 +93,7 @@ _SPILL_COLUMNS = (
     "dst_kind",
     "bytes",
     "launch_name_id",
+    "launch_start",
 )
 #: Columns step inference reads (module docstring: the one source that needs the whole sequence).
 _SEQUENCE_COLUMNS = ("rank", "pid", "device", "kind", "start", "end", "name_id")
@@ -311,6 +313,8 @@ class _Pass2:
     busy_all: GroupUnion = field(default_factory=GroupUnion)
     #: The pipeline bubble's compute union per step (None: the rank cannot be a pipeline).
     bubble: GroupUnion | None = None
+    #: Each step's GPU time broken down, fed every slice (metrics.breakdown).
+    breakdown: StepBreakdown | None = None
 
 
 def analyse_rank_sliced(
@@ -418,6 +422,7 @@ def _finish(
 
     # -- pass 2 ------------------------------------------------------------------------------
     two = _Pass2()
+    two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
     collectives_seen = nccl.with_collective(nccl_kernels, capture.strings)["collective"]
     if may_be_pipeline(capture.ranges, collectives_seen):
         two.bubble = GroupUnion(clip=True)
@@ -512,6 +517,7 @@ def _finish(
         ),
         devices_used=pl.Series("device", sorted(two.devices, key=lambda d: (d is None, d)), dtype=schema["device"]),
         bubble=bubble,
+        breakdown=two.breakdown.rows,
     )
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
 
@@ -584,6 +590,8 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
 class _Pass2Slice:
     """What pass 2 takes from one spilled slice before feeding it in order (:func:`_second_pass`)."""
 
+    #: Every timed op of the slice for the step breakdown (metrics.breakdown.slice_arrays).
+    breakdown: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     counts: dict[str, int]
     pageable: tuple[int, int, int]
     devices: list[int | None]
@@ -637,6 +645,7 @@ def _second_pass_slice(
         busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
         busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
     return _Pass2Slice(
+        breakdown=slice_arrays(ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())),
         counts=copies.copy_counts(window),
         pageable=copies.pageable_bytes(window),
         devices=window["device"].unique().to_list(),
@@ -660,6 +669,8 @@ def _second_pass(
     copies_lane: SegmentReducer,
 ) -> None:
     """Feed one slice of pass 2, in order (module docstring)."""
+    if two.breakdown is not None:
+        two.breakdown.feed(*part.breakdown)
     counts = part.counts
     two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
     two.pageable = tuple(a + b for a, b in zip(two.pageable, part.pageable, strict=True))  # type: ignore[assignment]

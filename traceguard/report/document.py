@@ -63,8 +63,54 @@ EXTRA_METRICS = (
     "small_collective_share",
     "small_collective_time_share",
     "small_collectives_per_step",
+    # Who waited for whom (metrics.waits; docs/collectives.md).
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "nccl_wait_share",
+    "collective_instances_matched",
 )
-RUN_ONLY = ("ranks", "distinct_gpu_models", "gpu_models", "straggler_steps_compared", "gpu_model_ranks")
+#: Rank-only: how often the rank arrived last at a matched collective, and how late.
+RANK_ONLY = ("last_arrivals",)
+RUN_ONLY = (
+    "ranks",
+    "distinct_gpu_models",
+    "gpu_models",
+    "straggler_steps_compared",
+    "gpu_model_ranks",
+    "late_rank",
+    "collective_instances_unmatched",
+    "matched_steps",
+    "arrival_spread",
+    "arrival_steps_compared",
+    "straggler_worst",
+    "straggler_evidence_steps",
+)
+#: Step fields: the NCCL kernel-time split (wait / transfer), the GPU time broken down over the
+#: step's period (metrics.breakdown) with its exposed-communication split, and the rank's lateness.
+STEP_FIELDS = (
+    "name",
+    "index",
+    "cpu_ns",
+    "gpu_span_ns",
+    "nccl_ns",
+    "nccl_share",
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "dtod_bytes",
+    "dtod_copies",
+    "peer_bytes",
+    "peer_copies",
+    "period_ns",
+    "compute_ns",
+    "comm_ns",
+    "comm_wait_ns",
+    "comm_transfer_ns",
+    "copy_ns",
+    "idle_host_ns",
+    "idle_other_ns",
+    "lateness_ns",
+    "phases",
+)
 LINK_METRICS = (
     "transport_fallback_pairs",
     "nccl_transports",
@@ -153,6 +199,9 @@ def build(
             "collectives_by_type": result.collectives_by_type if result else [],
             "peer_matrix": (result.peer_matrix if result else None) or {"rows": [], "null_reason": NO_RANKS},
             "workload": (result.workload if result else None) or run_workload([]),
+            "clock_alignment": result.waits.clock_alignment if result and result.waits else None,
+            "late_rank": result.waits.late if result and result.waits else None,
+            "arrival_steps": result.waits.arrival_steps[:20] if result and result.waits else [],
             "straggler_steps": [
                 {
                     "index": s.index,
@@ -171,24 +220,9 @@ def build(
                 "step_detail": r.step_detail,
                 "input": input_of_rank.get(r.rank),
                 "gpu_models": r.gpu_models,
-                "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS),
+                "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS + RANK_ONLY),
                 "steps": [
-                    {
-                        k: s[k]
-                        for k in (
-                            "name",
-                            "index",
-                            "cpu_ns",
-                            "gpu_span_ns",
-                            "nccl_ns",
-                            "nccl_share",
-                            "dtod_bytes",
-                            "dtod_copies",
-                            "peer_bytes",
-                            "peer_copies",
-                            "phases",
-                        )
-                    }
+                    {k: s.get(k) for k in STEP_FIELDS}
                     | {"graph_ns": s.get("graph_ns", 0)}  # GPU time in CUDA graph executions (metrics.graphs)
                     for s in r.steps
                 ],
