@@ -37,6 +37,7 @@ METRIC_OF = {
     "gpu_to_cpu_copy_rate": "gpu_to_cpu_copy_rate",
     "dtod_copy_volume": "dtod_to_gradient_ratio",
     "nccl_step_share": "nccl_share_of_step",
+    "collective_wait": "nccl_wait_share",
     "pageable_host_copies": "pageable_host_share",
     "homogeneous_gpus": "distinct_gpu_models",
     # The worse of the GPU-span spread and the arrival spread (docs/collectives.md): a rank late on
@@ -223,6 +224,7 @@ FAILING_VALUE = {
     "pageable_host_share": 0.8,
     "distinct_gpu_models": 2,
     "straggler_worst": 0.4,
+    "nccl_wait_share": 0.9,
     "transport_fallback_pairs": 1,
     "pcie_saturation": 0.9,
     "p2p_utilization": 0.6,
