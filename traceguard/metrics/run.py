@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.collectives import run_totals
 from traceguard.metrics.graphs import HIDDEN_BY_GRAPHS
@@ -307,6 +309,55 @@ def apply_waits(results: Sequence[RankResult], waits: WaitResult) -> None:
         for step in result.steps:
             found = steps.get(step["index"], {})
             step.update({key: found.get(key) for key in WAIT_STEP_FIELDS})
+        result.collectives = with_transfer_bandwidth(result.collectives, waits.transfer_medians, result.rank)
+
+
+def with_transfer_bandwidth(table: pl.DataFrame, medians: pl.DataFrame | None, rank: int) -> pl.DataFrame:
+    """The rank's collective table with bandwidth from transfer time where its calls were matched:
+    ``transfer_median_ns`` (median of wait-free kernel time, metrics.waits), ``matched`` calls, and
+    algbw/busbw recomputed from it; ``bandwidth_time`` says which time each row's bandwidth uses
+    (``transfer``, or ``kernel`` — a lower bound, it includes waiting for the last rank)."""
+    if table.height == 0:
+        return table.with_columns(
+            pl.lit(None, dtype=pl.Float64).alias("transfer_median_ns"),
+            pl.lit(None, dtype=pl.UInt32).alias("matched"),
+            pl.lit(None, dtype=pl.String).alias("bandwidth_time"),
+        )
+    own = (
+        medians.filter(pl.col("rank") == rank).drop("rank")
+        if medians is not None and medians.height
+        else pl.DataFrame(
+            schema={
+                "collective": pl.String,
+                "msg_bytes": pl.Int64,
+                "transfer_median_ns": pl.Float64,
+                "matched": pl.UInt32,
+            }
+        )
+    )
+    joined = table.join(
+        own.cast({"transfer_median_ns": pl.Float64, "matched": pl.UInt32, "msg_bytes": table.schema["msg_bytes"]}),
+        on=["collective", "msg_bytes"],
+        how="left",
+        nulls_equal=True,
+        maintain_order="left",
+    )
+    # Only where every call of the row was matched: otherwise the median mixes in waiting calls.
+    use = (
+        pl.col("transfer_median_ns").is_not_null()
+        & (pl.col("matched") == pl.col("count"))
+        & (pl.col("transfer_median_ns") > 0)
+    )
+    algbw = pl.when(use).then(pl.col("msg_bytes") / pl.col("transfer_median_ns")).otherwise(pl.col("algbw_gbps"))
+    factor = (pl.col("busbw_gbps") / pl.col("algbw_gbps")).fill_nan(None)
+    return joined.with_columns(
+        algbw.alias("algbw_gbps"),
+        pl.when(use)
+        .then(pl.col("msg_bytes") / pl.col("transfer_median_ns") * factor)
+        .otherwise(pl.col("busbw_gbps"))
+        .alias("busbw_gbps"),
+        pl.when(use).then(pl.lit("transfer")).otherwise(pl.lit("kernel")).alias("bandwidth_time"),
+    )
 
 
 def run_waits(metrics: dict[str, Any], null: dict[str, str], ranks: Sequence[RankResult], waits: WaitResult) -> None:

@@ -123,6 +123,10 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
         (pl.col("covered_until") + pl.col("rank").replace_strict(bases, return_dtype=pl.Int64)).alias("at_until"),
         *_pair_columns(),
     )
+    # Wall-clock ns are ~1.8e18: a float median of them is off by up to 256 ns. Times from the
+    # run's first arrival are exact in float64 (below 2^53 ns, 104 days).
+    origin = int(every["at_start"].min())  # type: ignore[arg-type]
+    every = every.with_columns(pl.col(c) - origin for c in ("at_start", "at_end", "at_until"))
     by_step = all(c.step_source in MARKER_SOURCES for c, _ in instances) and every["step"].null_count() == 0
     if not by_step:
         every = _order_keys(every, cpu=cpu)
@@ -165,10 +169,15 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
         _null_split(result, ranks, reason)
         return result
     if not trust:
+        # Arrivals on clocks that do not agree say nothing: no lateness, no late rank either.
         _null_split(result, ranks, str(why))
         result.late = None
+        result.arrival_steps = []
+        result.per_step = {}
         result.metrics["late_rank"] = None
         result.null_reasons["late_rank"] = str(why)
+        for rank in ranks:
+            result.per_rank[rank]["last_arrivals"] = None
         return result
     _split(result, aligned, ranks)
     return result
@@ -500,7 +509,6 @@ def _split(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> None:
         .agg(pl.col("transfer_ns").median().alias("transfer_median_ns"), pl.len().alias("matched"))
         .rename({"kind": "collective", "bytes": "msg_bytes"})
     )
-    result.metrics["arrival_spread"] = None
 
 
 def _null_split(result: WaitResult, ranks: list[int], reason: str) -> None:

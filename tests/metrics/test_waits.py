@@ -1,0 +1,277 @@
+"""Who waits for whom (metrics.waits, metrics.breakdown) on real captures, against plain SQL / JSON.
+
+The references here read the files with sqlite3 and json alone and follow docs/collectives.md:
+wall clock = session start (or Kineto base) + event time; rank 1's offset = the median of
+(rank 0's end − rank 1's end) over the matched calls; wait = last arrival − arrival (at most the
+kernel), transfer = the rest.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+import statistics
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tests.conftest import OWN, PUBLIC
+from traceguard.metrics.breakdown import FIELDS
+from traceguard.metrics.waits import RESIDUAL_LIMIT_NS, RankClock, reduce_waits
+from traceguard.pipeline import analyze
+
+BUCKET25 = OWN / "h200" / "p2p_nsys_bucket25"
+HTA = PUBLIC / "kineto" / "facebookresearch__HolisticTraceAnalysis__tests__data__trace_filter__sampled_rank-{}.json.gz"
+MFU = PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"
+
+#: NCCL kernels whose launching runtime call starts inside a `Batch N` range of the same process
+#: (DESIGN.md's attribution), on the wall clock.
+IN_STEPS = """
+SELECT k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k
+JOIN StringIds s ON s.id = k.shortName
+JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId AND (r.globalTid >> 24) = (k.globalPid >> 24)
+WHERE s.value LIKE 'nccl%' AND EXISTS (
+  SELECT 1 FROM NVTX_EVENTS e LEFT JOIN StringIds t ON t.id = e.textId
+  WHERE coalesce(e.text, t.value) GLOB 'Batch [0-9]*' AND e.start <= r.start AND r.start < e.end
+    AND (e.globalTid >> 24) = (r.globalTid >> 24))
+ORDER BY k.start"""
+
+
+def _split(kernels: list[list[tuple[int, int]]]) -> tuple[list[int], list[int], int]:
+    """Per rank Σ wait and Σ transfer of calls matched k-th to k-th, and rank 1's clock offset."""
+    offset = int(statistics.median(a[1] - b[1] for a, b in zip(kernels[0], kernels[1], strict=True)))
+    aligned = [kernels[0], [(s + offset, e + offset) for s, e in kernels[1]]]
+    wait, transfer = [0, 0], [0, 0]
+    for calls in zip(*aligned, strict=True):
+        last = max(start for start, _ in calls)
+        for rank, (start, end) in enumerate(calls):
+            waited = min(max(last - start, 0), end - start)
+            wait[rank] += waited
+            transfer[rank] += end - start - waited
+    return wait, transfer, offset
+
+
+def _nsys_kernels(path: Path) -> list[tuple[int, int]]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    (base,) = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+    return [(start + base, end + base) for start, end in db.execute(IN_STEPS)]
+
+
+def test_nsys_split_equals_plain_sql(unpacked) -> None:
+    """2×H200 DDP with 25 MB buckets: rank 1 launches each bucket's all-reduce as soon as its
+    backward produced it and waits for rank 0 (bench/gpu/README.md saw it in kernel time alone)."""
+    paths = [unpacked(BUCKET25 / f"cap_{r}.sqlite.gz") for r in (0, 1)]
+    kernels = [_nsys_kernels(p) for p in paths]
+    assert [len(k) for k in kernels] == [111, 111]
+    wait, transfer, offset = _split(kernels)
+    report = analyze([str(p) for p in paths]).report
+    ranks = report["ranks"]
+    assert [r["metrics"]["nccl_wait_ns"] for r in ranks] == wait
+    assert [r["metrics"]["nccl_transfer_ns"] for r in ranks] == transfer
+    run = report["run"]
+    clock = run["clock_alignment"]
+    assert clock["trusted"] and clock["ranks"][1]["offset_ns"] == offset
+    assert all(r["residual_ns"] < 5_000 for r in clock["ranks"])  # ends agree to microseconds
+    assert run["metrics"]["collective_instances_matched"] == 111
+    assert run["metrics"]["nccl_wait_share"] == pytest.approx(sum(wait) / (sum(wait) + sum(transfer)))
+    # Rank 0 arrives last at 110 of the 111 all-reduces: rank 1 spends 91 % of its NCCL time waiting.
+    assert run["metrics"]["late_rank"] == 0
+    assert run["late_rank"]["last_arrivals"] == 110
+    assert ranks[1]["metrics"]["nccl_wait_share"] > 0.9
+    # Kernel time = wait + transfer, per rank and per step.
+    for r in ranks:
+        for step in r["steps"]:
+            assert step["nccl_wait_ns"] + step["nccl_transfer_ns"] == step["nccl_ns"]
+    # The verdict follows the cause: collective_wait fails, nccl_step_share's remedy is the late rank's host.
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["collective_wait"]["status"] == "fail"
+    assert "rank 0 arrived last at 110 of 111" in checks["collective_wait"]["message"]
+    assert checks["nccl_step_share"]["status"] in ("warn", "fail")
+    assert "waits for the last rank" in checks["nccl_step_share"]["message"]
+    assert "make rank 0 arrive on time" in checks["nccl_step_share"]["remedy"]
+
+
+def _kineto_kernels(path: Path) -> tuple[int, list[tuple[int, int]]]:
+    trace = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
+    base = int(trace["baseTimeNanoseconds"])
+    kernels = [
+        (int(e["ts"] * 1000) + base, int((e["ts"] + e["dur"]) * 1000) + base)
+        for e in trace["traceEvents"]
+        if e.get("cat") == "kernel" and e["name"].startswith("nccl")
+    ]
+    return base, sorted(kernels)
+
+
+def test_kineto_split_equals_plain_json() -> None:
+    """2×H200 DDP under torch.profiler, one 1.23 GB bucket: ranks on Kineto's base + ts."""
+    run_dir = OWN / "h200" / "p2p_torch"
+    kernels = [_kineto_kernels(run_dir / f"rank{r}.trace.json.gz")[1] for r in (0, 1)]
+    wait, transfer, _ = _split(kernels)
+    report = analyze([str(run_dir)]).report
+    ranks = report["ranks"]
+    assert [r["metrics"]["nccl_wait_ns"] for r in ranks] == pytest.approx(wait, abs=3)  # ts are µs with 3 decimals
+    assert [r["metrics"]["nccl_transfer_ns"] for r in ranks] == pytest.approx(transfer, abs=3)
+    assert report["run"]["clock_alignment"]["ranks"][0]["base_source"] == "Kineto baseTimeNanoseconds"
+    assert report["run"]["metrics"]["late_rank"] == 1
+
+
+def test_public_nsys_pair_of_processes_is_matched_point_to_point(unpacked) -> None:
+    """nsys-ai's mfu_2gpu_before: two GPU processes in one export (two ranks), SendRecv kernels
+    only, one session clock; every SendRecv of the window is matched and the ends agree."""
+    report = analyze([str(unpacked(MFU))]).report
+    run = report["run"]
+    assert run["clock_alignment"]["trusted"]
+    assert all(r["residual_ns"] < RESIDUAL_LIMIT_NS for r in run["clock_alignment"]["ranks"])
+    matched = run["metrics"]["collective_instances_matched"]
+    assert matched == min(r["metrics"]["nccl_kernels"] for r in report["ranks"]) > 10
+    for r in report["ranks"]:
+        assert r["metrics"]["nccl_wait_ns"] + r["metrics"]["nccl_transfer_ns"] <= r["metrics"]["nccl_time_ns"]
+        assert r["metrics"]["last_arrivals"]["of"] == matched
+
+
+def test_clocks_that_disagree_leave_the_split_null_with_the_reason() -> None:
+    """HTA's sampled pair of a 128-rank job: no clock base, and the ten SendRecv kernels of each
+    rank are not one another's peers' (the ends lie milliseconds apart): no split, no late rank."""
+    report = analyze([str(HTA).format(0), str(HTA).format(1)]).report
+    run = report["run"]
+    assert run["clock_alignment"]["trusted"] is False
+    reason = run["clock_alignment"]["reason"]
+    assert "disagree" in reason
+    for key in ("nccl_wait_share", "late_rank"):
+        assert run["metrics"][key] is None and run["metrics"]["null_reasons"][key] == reason
+    assert all(r["metrics"]["last_arrivals"] is None for r in report["ranks"])
+    check = next(c for c in report["checks"] if c["id"] == "collective_wait")
+    assert check["status"] == "skip" and check["reason"] == reason
+
+
+def test_one_rank_has_no_split(unpacked) -> None:
+    report = analyze([str(unpacked(BUCKET25 / "cap_0.sqlite.gz"))]).report
+    assert report["run"]["metrics"]["null_reasons"]["nccl_wait_share"] == "needs at least two ranks"
+    assert next(c for c in report["checks"] if c["id"] == "collective_wait")["status"] == "skip"
+
+
+def test_windows_cut_differently_are_matched_by_shifting_the_order(unpacked) -> None:
+    """Without step markers calls match by order; a window that lost its first calls on one rank
+    is lined up by the shift whose ends agree."""
+    analysis = analyze([str(unpacked(BUCKET25 / f"cap_{r}.sqlite.gz")) for r in (0, 1)])
+    results = analysis.result.ranks
+
+    def clock(r, source: str) -> RankClock:
+        return RankClock(r.rank, r.clock["base_ns"], r.clock["source"], r.clock["host"], source)
+
+    whole = reduce_waits([(clock(r, "inferred"), r.instances) for r in results])
+    cut = results[1].instances.sort("start").slice(3)
+    shifted = reduce_waits(
+        [(clock(results[0], "inferred"), results[0].instances), (clock(results[1], "inferred"), cut)]
+    )
+    assert whole.metrics["collective_instances_matched"] == 111
+    assert shifted.metrics["collective_instances_matched"] == 108
+    assert shifted.metrics["collective_instances_unmatched"] == 3
+    assert shifted.clock_alignment["trusted"]
+    assert shifted.clock_alignment["ranks"][1]["offset_ns"] == pytest.approx(
+        whole.clock_alignment["ranks"][1]["offset_ns"], abs=2_000
+    )
+    assert shifted.metrics["late_rank"] == whole.metrics["late_rank"] == 0
+
+
+# ---------------------------------------------------------------- the step breakdown
+
+
+def _reference_breakdown(path: Path, bounds: list[int]) -> list[dict[str, int]]:
+    """The five parts of each period by brute force: every elementary interval between op
+    boundaries is classified (compute > NCCL > copy > idle; idle by the launch of the next op)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    ops = []
+    for table, kind in (
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "k"),
+        ("CUPTI_ACTIVITY_KIND_MEMCPY", "c"),
+        ("CUPTI_ACTIVITY_KIND_MEMSET", "c"),
+    ):
+        name = "s.value" if kind == "k" else "''"
+        join = "JOIN StringIds s ON s.id = o.shortName" if kind == "k" else ""
+        sql = (
+            f"SELECT o.start, o.end, {name}, r.start FROM {table} o {join} LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+            "ON r.correlationId = o.correlationId AND (r.globalTid >> 24) = (o.globalPid >> 24)"
+        )
+        for start, end, text, launch in db.execute(sql):
+            category = 2 if kind == "c" else (1 if text.startswith("nccl") else 0)
+            ops.append((start, max(end, start), category, -1 if launch is None else launch))
+    ops.sort()
+    # A sweep over every op boundary: between two consecutive boundaries the running ops per
+    # category are known, so each elementary interval is classified on its own.
+    events: dict[int, list[int]] = {}
+    for start, end, category, _ in ops:
+        if end > start:
+            events.setdefault(start, [0, 0, 0])[category] += 1
+            events.setdefault(end, [0, 0, 0])[category] -= 1
+    points = sorted(set(events) | set(bounds))
+    starts = np.array([o[0] for o in ops])
+    running = [0, 0, 0]
+    idle_since = bounds[0]
+    out = [dict.fromkeys(FIELDS[1:], 0) for _ in bounds[:-1]]
+    for a, b in zip(points, points[1:], strict=False):
+        was_busy = any(running)
+        for c, change in enumerate(events.get(a, (0, 0, 0))):
+            running[c] += change
+        if was_busy and not any(running):
+            idle_since = a
+        if b <= bounds[0] or a >= bounds[-1]:
+            continue
+        k = int(np.searchsorted(bounds, a, side="right")) - 1
+        if running[0]:
+            field = "compute_ns"
+        elif running[1]:
+            field = "comm_ns"
+        elif running[2]:
+            field = "copy_ns"
+        else:
+            nxt = int(np.searchsorted(starts, b, side="left"))
+            host = nxt < len(ops) and ops[nxt][3] >= max(idle_since, bounds[0])
+            field = "idle_host_ns" if host else "idle_other_ns"
+        out[k][field] += b - a
+    return out
+
+
+def test_step_breakdown_equals_brute_force_and_adds_up(unpacked) -> None:
+    path = unpacked(OWN / "h200" / "p2p_nsys" / "cap_1.sqlite.gz")
+    report = analyze([str(path)]).report
+    steps = report["ranks"][0]["steps"]
+    for step in steps:
+        parts = sum(step[f] for f in FIELDS[1:])
+        assert parts == step["period_ns"]
+    # The periods: from the first step's range start on the host (before its first kernel) to
+    # each step's GPU end, so the periods are contiguous.
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    begin = db.execute(
+        "SELECT min(e.start) FROM NVTX_EVENTS e LEFT JOIN StringIds t ON t.id = e.textId "
+        "WHERE coalesce(e.text, t.value) GLOB 'Batch [0-9]*'"
+    ).fetchone()[0]
+    expected = _reference_breakdown(path, _bounds(report, begin))
+    got = [{f: s[f] for f in FIELDS[1:]} for s in steps]
+    assert got == expected
+    # This rank's host is slow to launch: its GPU idles waiting for it every step.
+    assert all(s["idle_host_ns"] > 5_000_000 for s in steps)
+
+
+def _bounds(report: dict, begin: int) -> list[int]:
+    """Period bounds from the report's steps: the first step's start, then each GPU end."""
+    steps = report["ranks"][0]["steps"]
+    total = begin
+    bounds = [begin]
+    for s in steps:
+        total += s["period_ns"]
+        bounds.append(total)
+    return bounds
+
+
+def test_step_breakdown_frame_matches_report(unpacked) -> None:
+    """The breakdown's fields are in the step rows of the report for every rank with GPU steps."""
+    report = analyze([str(unpacked(BUCKET25 / f"cap_{r}.sqlite.gz")) for r in (0, 1)]).report
+    frame = pl.DataFrame(
+        [{**{f: s[f] for f in FIELDS}, "rank": r["rank"]} for r in report["ranks"] for s in r["steps"]]
+    )
+    assert frame.height == 6 and frame.null_count().sum_horizontal().item() == 0
