@@ -358,9 +358,25 @@ def hta_dir_for(trace: Path) -> Path:
     return d
 
 
-def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
+def baseline_cmd(tree: Path) -> list[str]:
+    """The CLI of another checkout of traceguard (``git worktree add DIR REV``), run with this
+    venv: the same machine and run measure the code before a change beside the code after it."""
+    code = f"import sys; sys.path.insert(0, {str(tree)!r}); from traceguard.cli import app; "
+    return [str(VENV_PY), "-c", code + "sys.argv[0] = 'traceguard'; app()"]
+
+
+def tree_revision(tree: Path) -> str:
+    try:
+        return sh(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline: Path | None = None) -> dict:
     names = nsys_report_names()
     tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": [], WHOLE: [], INFERRED: []}
+    if baseline is not None:
+        tools[BASELINE] = []
     stages: list[dict] = []
     notes: list[str] = []
     if names is None:
@@ -380,13 +396,16 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
             if fingerprint(db) != before:
                 notes.append("nsys stats modified the input file (see fingerprints)")
         if tg:
-            for tool, stem_name, extra in (
-                ("traceguard analyze", "traceguard_nsys", []),
-                (WHOLE, "traceguard_nsys_whole", ["--sliced-above", "1T"]),
-                (INFERRED, "traceguard_nsys_inferred", ["--step-source", "inferred"]),
-            ):
+            runs = [
+                ("traceguard analyze", "traceguard_nsys", [], tg),
+                (WHOLE, "traceguard_nsys_whole", ["--sliced-above", "1T"], tg),
+                (INFERRED, "traceguard_nsys_inferred", ["--step-source", "inferred"], tg),
+            ]
+            if baseline is not None:
+                runs.insert(1, (BASELINE, "traceguard_nsys_baseline", [], baseline_cmd(baseline)))
+            for tool, stem_name, extra, command in runs:
                 warm_cache(db)
-                r = measure_traceguard([*tg, "analyze", str(db), *extra], logs / f"{stem_name}.{i}")
+                r = measure_traceguard([*command, "analyze", str(db), *extra], logs / f"{stem_name}.{i}")
                 tools[tool].append(r)
                 print(f"  {tool} #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
             for sources in ("", "inferred"):
@@ -406,6 +425,8 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
         tools.pop(INFERRED)
         tools.pop(WHOLE)
     after = fingerprint(db)
+    if baseline is not None:
+        notes.append(f"baseline: {BASELINE} is the checkout {baseline} at {tree_revision(baseline)}")
     return {
         "input": rel(db),
         "size_mb": round(db.stat().st_size / 1e6),
@@ -417,6 +438,11 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None) -> dict:
         "notes": notes,
     }
 
+
+#: The default analysis by another checkout (``--baseline``): the cost of a change, in the same run.
+BASELINE = "traceguard analyze (baseline checkout)"
+#: How much slower than the baseline the default analysis may be.
+BASELINE_GROWTH = 0.10
 
 #: The second traceguard command of the nsys block: the same analysis with the markers ignored.
 INFERRED = "traceguard analyze --step-source inferred"
@@ -508,6 +534,10 @@ def verdicts(res: dict) -> list[dict]:
                 base = s["wall_median_s"]
                 change = block["tools"]["traceguard analyze"]["wall_median_s"] / base - 1
                 row["target"] = f"the default (sliced) against it: {change:+.1%} wall"
+            if tool == BASELINE and block["tools"]["traceguard analyze"].get("ok") and s.get("ok"):
+                growth = block["tools"]["traceguard analyze"]["wall_median_s"] / s["wall_median_s"] - 1
+                row["target"] = f"the default against it: ≤ +{BASELINE_GROWTH:.0%} wall (measured {growth:+.1%})"
+                row["pass"] = growth <= BASELINE_GROWTH
             if tool == INFERRED and block["tools"]["traceguard analyze"].get("ok") and s.get("ok"):
                 base = block["tools"]["traceguard analyze"]["wall_median_s"]
                 extra = s["wall_median_s"] / base - 1
@@ -633,6 +663,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
     ap.add_argument("--markdown", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument("--logs", type=Path, default=WORK / "logs")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of traceguard (git worktree add DIR REV) whose default analysis is measured beside",
+    )
     args = ap.parse_args(argv)
     if not args.nsys and not args.kineto:
         ap.error("give --nsys and/or --kineto")
@@ -649,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.nsys:
         print(f"nsys: {args.nsys}")
-        res["nsys"] = bench_nsys(args.nsys.resolve(), args.repeat, args.logs, tg)
+        baseline = args.baseline.resolve() if args.baseline else None
+        res["nsys"] = bench_nsys(args.nsys.resolve(), args.repeat, args.logs, tg, baseline)
     if args.kineto:
         print(f"kineto: {args.kineto}")
         res["kineto"] = bench_kineto(args.kineto.resolve(), args.repeat, args.logs, tg)

@@ -213,11 +213,11 @@ def _order_keys(every: pl.DataFrame, *, cpu: bool) -> pl.DataFrame:
         return every
     shifts: dict[tuple[Any, ...], int] = {}
     for (kind, lo, hi), group in every.group_by(["kind", "lo", "hi"], maintain_order=True):
-        ranks = sorted(group["rank"].unique().to_list())
-        reference = group.filter(pl.col("rank") == ranks[0])["at_end"].to_numpy()
+        by_rank = group.select("rank", "at_end").partition_by("rank", as_dict=True, include_key=False)
+        ranks = sorted(key[0] for key in by_rank)
+        reference = by_rank[(ranks[0],)]["at_end"].to_numpy()
         for rank in ranks[1:]:
-            own = group.filter(pl.col("rank") == rank)["at_end"].to_numpy()
-            shifts[(kind, lo, hi, rank)] = _best_shift(reference, own)
+            shifts[(kind, lo, hi, rank)] = _best_shift(reference, by_rank[(rank,)]["at_end"].to_numpy())
     if not shifts:
         return every
     table = pl.DataFrame(
