@@ -27,6 +27,8 @@ setup(
             sources=["traceguard/ingest/_int_scan.c"],
             libraries=["sqlite3"],
             optional=True,
-        )
+        ),
+        # The step breakdown's one-pass loop (traceguard/metrics/breakdown.py keeps the NumPy one).
+        Extension("traceguard.metrics._breakdown", sources=["traceguard/metrics/_breakdown.c"], optional=True),
     ],
 )

@@ -9,6 +9,8 @@ kernel), transfer = the rest.
 from __future__ import annotations
 
 import gzip
+import itertools
+import os
 import json
 import sqlite3
 import statistics
@@ -213,7 +215,7 @@ def _reference_breakdown(path: Path, bounds: list[int]) -> list[dict[str, int]]:
     running = [0, 0, 0]
     idle_since = bounds[0]
     out = [dict.fromkeys(FIELDS[1:], 0) for _ in bounds[:-1]]
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in itertools.pairwise(points):
         was_busy = any(running)
         for c, change in enumerate(events.get(a, (0, 0, 0))):
             running[c] += change
@@ -275,3 +277,39 @@ def test_step_breakdown_frame_matches_report(unpacked) -> None:
         [{**{f: s[f] for f in FIELDS}, "rank": r["rank"]} for r in report["ranks"] for s in r["steps"]]
     )
     assert frame.height == 6 and frame.null_count().sum_horizontal().item() == 0
+
+
+def test_the_c_loop_equals_the_numpy_one(unpacked) -> None:
+    """The compiled loop (metrics/_breakdown.c) and the NumPy unions give the same breakdown,
+    fed in many chunks, on a real capture of every kind of op (kernels, NCCL, copies, sets)."""
+    from traceguard.ingest import read_capture
+    from traceguard.metrics import breakdown, nccl
+    from traceguard.metrics.steps import attribute, find_phases, resolve_steps, step_spans
+
+    if breakdown._native is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
+        pytest.skip("the C loop was not built (no compiler at install)")
+    capture = read_capture(unpacked(BUCKET25 / "cap_0.sqlite.gz"))
+    resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, (), ("convention",))
+    ops = attribute(capture.gpu_ops, capture.api_calls, resolved.steps, find_phases(capture.ranges, resolved.steps))
+    ops = nccl.mark_nccl(ops, capture.strings)
+    bounds, indices = breakdown.periods(resolved.steps, step_spans(ops), gpu_timed=False)
+    arrays = breakdown.op_arrays(ops)
+    results = []
+    for native in (True, False):
+        account = breakdown.StepBreakdown(bounds, indices, native=native)
+        for lo in range(0, arrays.start.size, 977):  # odd chunks: carries cross every boundary
+            take = arrays.order[lo : lo + 977] if arrays.order is not None else slice(lo, lo + 977)
+            device = np.full(arrays.start[take].size, arrays.sole_device, dtype=np.int64)
+            account.feed(
+                device,
+                arrays.start[take],
+                np.maximum(arrays.end[take], arrays.start[take]),
+                arrays.launch[take],
+                arrays.category[take],
+            )
+        results.append(account.rows())
+    assert results[0] == results[1]
+    assert results[0] == breakdown.whole_breakdown(ops, bounds, indices)
+    assert len(results[0]) == 3 and all(r["compute_ns"] > 0 and r["comm_ns"] > 0 for r in results[0].values())

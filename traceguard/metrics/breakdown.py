@@ -21,13 +21,21 @@ frame give the same numbers; memory is O(steps), not O(ops).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from traceguard.model import OP_KINDS
+
+try:  # the compiled loop (setup.py builds it when a C compiler is there); NumPy otherwise
+    from traceguard.metrics import _breakdown as _native
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _native = None
+
 COMPUTE, NCCL, COPY = 0, 1, 2
+#: ``kind``'s codes of memcpys and memsets in traceguard.model.OpKind.
+_COPY_CODES = (OP_KINDS.index("memcpy"), OP_KINDS.index("memset"))
 #: The breakdown's fields in a step row, in the order above.
 FIELDS = ("period_ns", "compute_ns", "comm_ns", "copy_ns", "idle_host_ns", "idle_other_ns")
 
@@ -69,36 +77,42 @@ def _covered_at(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.
 
 @dataclass
 class _Union:
-    """A running union of intervals fed in start order: emits the segments it closes."""
+    """A running union of intervals fed in start order. Each feed returns the segments it closed
+    and the gaps before the segments it opened (with the launch of the op that opened each)."""
 
     start: int | None = None
     end: int | None = None
-    launch: int = -1  # the launch of the op that opened the current segment (-1: none)
 
     def feed(
         self, start: np.ndarray, end: np.ndarray, launch: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Every segment of the union so far that this slice touches, the carried one first and
-        the last still open (it is kept); with the launch of the op that opened each."""
-        if self.start is not None:
-            start = np.concatenate([[self.start], start])
-            end = np.concatenate([[self.end], end])
-            if launch is not None:
-                launch = np.concatenate([[self.launch], launch])
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(closed starts, closed ends, gap starts, gap ends, gap launches) of this slice."""
+        empty = np.empty(0, np.int64)
         if start.size == 0:
-            return start, end, launch
+            return empty, empty, empty, empty, None if launch is None else empty
         reach = np.maximum.accumulate(end)
-        opens = np.empty(start.size, dtype=bool)
-        opens[0] = True
-        np.greater(start[1:], reach[:-1], out=opens[1:])
-        first = np.flatnonzero(opens)
-        seg_start = start[first]
-        seg_end = reach[np.append(first[1:] - 1, start.size - 1)]
-        seg_launch = launch[first] if launch is not None else None
-        self.start, self.end = int(seg_start[-1]), int(seg_end[-1])
-        if seg_launch is not None:
-            self.launch = int(seg_launch[-1])
-        return seg_start, seg_end, seg_launch
+        before = np.empty(start.size, dtype=np.int64)  # the union's reach before each op
+        before[1:] = reach[:-1]
+        if self.end is not None:
+            np.maximum(reach, self.end, out=reach)
+            np.maximum(before, self.end, out=before)
+            before[0] = self.end
+        else:
+            before[0] = start[0] - 1  # the first op opens the first segment
+        opened = np.flatnonzero(start > before)
+        if opened.size == 0:  # everything extends the carried segment
+            self.end = int(reach[-1])
+            return empty, empty, empty, empty, None if launch is None else empty
+        if self.start is None:  # the first op opened the first segment: no gap, nothing closed before it
+            closed_start = start[opened[:-1]]
+            opened = opened[1:]
+        else:
+            closed_start = np.concatenate([[self.start], start[opened[:-1]]])
+        closed_end = gap_start = before[opened]
+        gap_end = start[opened]
+        self.start = int(start[opened[-1]]) if opened.size else int(start[0])
+        self.end = int(reach[-1])
+        return closed_start, closed_end, gap_start, gap_end, None if launch is None else launch[opened]
 
     def close(self) -> tuple[np.ndarray, np.ndarray]:
         if self.start is None:
@@ -106,63 +120,75 @@ class _Union:
         return np.array([self.start], np.int64), np.array([self.end], np.int64)
 
 
-@dataclass
 class _Device:
-    """One device's running unions and the covered time before each period bound."""
+    """One device's running unions and its per-period sums (rows: compute, compute+NCCL, busy,
+    idle host, idle other). Fed by the C loop when it is built (:mod:`._breakdown`), else by NumPy."""
 
-    bounds: np.ndarray
-    compute: _Union = field(default_factory=_Union)
-    with_nccl: _Union = field(default_factory=_Union)
-    busy: _Union = field(default_factory=_Union)
-    sums: np.ndarray = field(init=False)  # rows: compute, compute+nccl, busy, idle host, idle other
-
-    def __post_init__(self) -> None:
-        self.sums = np.zeros((5, self.bounds.size), dtype=np.int64)
-        # The GPU is taken as busy up to the first period's start: idle is counted from there.
-        self.busy.start = self.busy.end = int(self.bounds[0])
+    def __init__(self, bounds: np.ndarray, native: bool) -> None:
+        self.bounds = bounds
+        self.native = native
+        self.sums = np.zeros((5, bounds.size - 1), dtype=np.int64)
+        # Per union: open?, start, end. The busy union is open from the first bound: idle time is
+        # counted from there (an op before it only extends that segment).
+        self.state = np.zeros(14, dtype=np.int64)  # then each row's period cursor (the C loop's)
+        self.state[6:9] = (1, bounds[0], bounds[0])
+        self.unions = [_Union(), _Union(), _Union(int(bounds[0]), int(bounds[0]))]
 
     def feed(self, start: np.ndarray, end: np.ndarray, launch: np.ndarray, category: np.ndarray) -> None:
+        if self.native and _native is not None:
+            _native.feed(
+                np.ascontiguousarray(start, dtype=np.int64),
+                np.ascontiguousarray(end, dtype=np.int64),
+                np.ascontiguousarray(launch, dtype=np.int64),
+                np.ascontiguousarray(category, dtype=np.int8),
+                self.bounds,
+                self.sums,
+                self.state,
+            )
+            return
+        compute, with_nccl, busy = self.unions
         is_compute = category == COMPUTE
-        seg_start, seg_end, _ = self.compute.feed(start[is_compute], end[is_compute])
-        self._add(0, seg_start[:-1], seg_end[:-1])
+        closed_start, closed_end, *_ = compute.feed(start[is_compute], end[is_compute])
+        self._add(0, closed_start, closed_end)
         keep = category <= NCCL
-        seg_start, seg_end, _ = self.with_nccl.feed(start[keep], end[keep])
-        self._add(1, seg_start[:-1], seg_end[:-1])
-        seg_start, seg_end, seg_launch = self.busy.feed(start, end, launch)
-        self._add(2, seg_start[:-1], seg_end[:-1])
-        if seg_launch is not None and seg_start.size > 1:
-            # The busy union always carries a segment (the first period's start at least), so
-            # each segment after the first opens a gap: between the one before and itself.
-            self._gaps(seg_end[:-1], seg_start[1:], seg_launch[1:])
-
-    def _gaps(self, gap_start: np.ndarray, gap_end: np.ndarray, launch: np.ndarray) -> None:
-        real = gap_end > gap_start
-        gap_start, gap_end, launch = gap_start[real], gap_end[real], launch[real]
-        host = launch >= gap_start
-        self._add(3, gap_start[host], gap_end[host])
-        self._add(4, gap_start[~host], gap_end[~host])
+        closed_start, closed_end, *_ = with_nccl.feed(start[keep], end[keep])
+        self._add(1, closed_start, closed_end)
+        closed_start, closed_end, gap_start, gap_end, gap_launch = busy.feed(start, end, launch)
+        self._add(2, closed_start, closed_end)
+        if gap_launch is not None and gap_start.size:
+            host = gap_launch >= gap_start
+            self._add(3, gap_start[host], gap_end[host])
+            self._add(4, gap_start[~host], gap_end[~host])
 
     def _add(self, row: int, start: np.ndarray, end: np.ndarray) -> None:
         if start.size:
-            self.sums[row] += _covered_at(self.bounds, start, end)
+            self.sums[row] += np.diff(_covered_at(self.bounds, start, end))
 
     def finish(self) -> np.ndarray:
-        self._add(0, *self.compute.close())
-        self._add(1, *self.with_nccl.close())
-        self._add(2, *self.busy.close())
+        if self.native and _native is not None:
+            carried = [
+                (bool(self.state[3 * u]), int(self.state[3 * u + 1]), int(self.state[3 * u + 2])) for u in (0, 1, 2)
+            ]
+        else:
+            carried = [(u.start is not None, u.start or 0, u.end or 0) for u in self.unions]
+        for row, (is_open, start, end) in enumerate(carried):
+            if is_open:
+                self._add(row, np.array([start]), np.array([end]))
+        busy_end = carried[2][2]
         # After the last op: idle to the last bound, waiting on nothing the capture shows.
-        if self.busy.end is not None and self.busy.end < self.bounds[-1]:
-            self._add(4, np.array([self.busy.end]), np.array([self.bounds[-1]]))
-        return np.diff(self.sums, axis=1)
+        if busy_end < self.bounds[-1]:
+            self._add(4, np.array([busy_end]), np.array([self.bounds[-1]]))
+        return self.sums
 
 
 class StepBreakdown:
     """Feed a rank's timed GPU ops in start order (a slice at a time, per device), then
     :meth:`rows` gives each step's breakdown (module docstring)."""
 
-    def __init__(self, bounds: np.ndarray, indices: list[int]) -> None:
+    def __init__(self, bounds: np.ndarray, indices: list[int], *, native: bool = True) -> None:
         self.bounds = bounds
         self.indices = indices
+        self.native = native  # False: the NumPy loop even when the C one is built (tests compare them)
         self.devices: dict[int, _Device] = {}
 
     def feed(
@@ -176,7 +202,7 @@ class StepBreakdown:
             rows = slice(None) if low == high else device == dev
             state = self.devices.get(dev)
             if state is None:
-                state = self.devices[dev] = _Device(self.bounds)
+                state = self.devices[dev] = _Device(self.bounds, self.native)
             state.feed(start[rows], end[rows], launch[rows], category[rows])
 
     def rows(self) -> dict[int, dict[str, int]]:
@@ -202,50 +228,64 @@ class StepBreakdown:
         }
 
 
-#: Rows fed at a time from a whole frame: the sorted columns are gathered a chunk at a time.
-CHUNK_ROWS = 1 << 20
+#: Rows fed at a time: the start-ordered columns are gathered a chunk at a time.
+CHUNK_ROWS = 1 << 18
+
+
+@dataclass
+class OpArrays:
+    """Ops as the breakdown reads them, in the frame's own order, with their start order."""
+
+    device: np.ndarray | None  # None: every op ran on ``sole_device``
+    sole_device: int
+    start: np.ndarray
+    end: np.ndarray
+    launch: np.ndarray  # -1 where the op has no launch record
+    category: np.ndarray
+    order: np.ndarray | None  # None: already in start order
+
+
+def op_arrays(ops: pl.DataFrame) -> OpArrays:
+    """:class:`OpArrays` of ``ops``' timed rows (``is_nccl``, ``kind``, ``device``, ``start``,
+    ``end``, ``launch_start`` when joined). Columns without nulls are read in place."""
+    if ops["start"].null_count() or ops["end"].null_count():
+        ops = ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+    kind = ops["kind"].to_physical().to_numpy()
+    category = np.where(np.isin(kind, _COPY_CODES), COPY, COMPUTE).astype(np.int8)
+    category[ops["is_nccl"].fill_null(False).to_numpy()] = NCCL
+    device = ops["device"].fill_null(-1)
+    low, high = device.min(), device.max()
+    launch = ops["launch_start"] if "launch_start" in ops.columns else pl.Series(np.full(ops.height, -1, np.int64))
+    start = ops["start"].to_numpy()
+    order = None if ops["start"].is_sorted() else np.argsort(start, kind="stable")
+    return OpArrays(
+        device=None if low == high else device.cast(pl.Int64).to_numpy(),
+        sole_device=int(low) if low is not None else -1,  # type: ignore[arg-type]
+        start=start,
+        end=ops["end"].to_numpy(),
+        launch=launch.fill_null(-1).cast(pl.Int64).to_numpy(),
+        category=category,
+        order=order,
+    )
+
+
+def feed_arrays(account: StepBreakdown, arrays: OpArrays) -> None:
+    """Feed :class:`OpArrays` in start order, a chunk at a time."""
+    rows = arrays.start.size
+    for lo in range(0, rows, CHUNK_ROWS):
+        take = slice(lo, lo + CHUNK_ROWS) if arrays.order is None else arrays.order[lo : lo + CHUNK_ROWS]
+        device = (
+            np.full(min(CHUNK_ROWS, rows - lo), arrays.sole_device, dtype=np.int64)
+            if arrays.device is None
+            else arrays.device[take]
+        )
+        end = np.maximum(arrays.end[take], arrays.start[take])
+        account.feed(device, arrays.start[take], end, arrays.launch[take], arrays.category[take])
 
 
 def whole_breakdown(ops: pl.DataFrame, bounds: np.ndarray, indices: list[int]) -> dict[int, dict[str, int]]:
-    """:class:`StepBreakdown` of a whole frame of attributed ops (``is_nccl``, ``kind``, ``device``,
-    ``start``, ``end``, ``launch_start``), fed in start order a chunk at a time."""
+    """:class:`StepBreakdown` of a whole frame of attributed ops, fed in start order."""
     account = StepBreakdown(bounds, indices)
-    if bounds.size < 2 or ops.height == 0:
-        return account.rows()
-    device, start, end, launch, category = slice_arrays(ops, sort=False)
-    order = None if bool(np.all(start[1:] >= start[:-1])) else np.argsort(start, kind="stable")
-    for lo in range(0, start.size, CHUNK_ROWS):
-        rows = slice(lo, lo + CHUNK_ROWS) if order is None else order[lo : lo + CHUNK_ROWS]
-        account.feed(device[rows], start[rows], end[rows], launch[rows], category[rows])
+    if bounds.size >= 2 and ops.height:
+        feed_arrays(account, op_arrays(ops))
     return account.rows()
-
-
-def slice_arrays(
-    ops: pl.DataFrame, *, sort: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(device, start, end, launch, category) of ``ops``' timed rows, sorted by start (stable)
-    unless told not to: what :meth:`StepBreakdown.feed` takes. ``ops`` carries ``is_nccl`` and ``kind``."""
-    kind = pl.col("kind").cast(pl.String)
-    category = (
-        pl.when(pl.col("is_nccl").fill_null(False))
-        .then(NCCL)
-        .when(kind.is_in(["memcpy", "memset"]))
-        .then(COPY)
-        .otherwise(COMPUTE)
-        .cast(pl.Int8)
-    )
-    launch = pl.col("launch_start") if "launch_start" in ops.columns else pl.lit(None, dtype=pl.Int64)
-    frame = ops.select(
-        pl.col("device").fill_null(-1).cast(pl.Int64),
-        "start",
-        "end",
-        launch.fill_null(-1).cast(pl.Int64).alias("launch"),
-        category.alias("category"),
-    ).filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
-    start = frame["start"].to_numpy()
-    order = None if not sort or frame["start"].is_sorted() else np.argsort(start, kind="stable")
-    columns = [frame[c].to_numpy() for c in ("device", "start", "end", "launch", "category")]
-    if order is not None:
-        columns = [c[order] for c in columns]
-    device, start, end, launch, cat = columns
-    return device, start, np.maximum(end, start), launch, cat

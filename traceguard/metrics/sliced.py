@@ -49,7 +49,7 @@ import polars as pl
 
 from traceguard.metrics import copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
-from traceguard.metrics.breakdown import StepBreakdown, periods, slice_arrays
+from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
 from traceguard.metrics.rank import (
     STEP_NCCL_COLUMNS,
     RankInputs,
@@ -591,7 +591,7 @@ class _Pass2Slice:
     """What pass 2 takes from one spilled slice before feeding it in order (:func:`_second_pass`)."""
 
     #: Every timed op of the slice for the step breakdown (metrics.breakdown.slice_arrays).
-    breakdown: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    breakdown: OpArrays
     counts: dict[str, int]
     pageable: tuple[int, int, int]
     devices: list[int | None]
@@ -645,7 +645,7 @@ def _second_pass_slice(
         busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
         busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
     return _Pass2Slice(
-        breakdown=slice_arrays(ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())),
+        breakdown=op_arrays(ops),
         counts=copies.copy_counts(window),
         pageable=copies.pageable_bytes(window),
         devices=window["device"].unique().to_list(),
@@ -670,7 +670,7 @@ def _second_pass(
 ) -> None:
     """Feed one slice of pass 2, in order (module docstring)."""
     if two.breakdown is not None:
-        two.breakdown.feed(*part.breakdown)
+        feed_arrays(two.breakdown, part.breakdown)
     counts = part.counts
     two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
     two.pageable = tuple(a + b for a, b in zip(two.pageable, part.pageable, strict=True))  # type: ignore[assignment]

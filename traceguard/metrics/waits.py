@@ -278,7 +278,7 @@ def _align(
             break
         found = todo.group_by("rank").agg((pl.col("_anchor") - pl.col("at_end")).median().alias("offset"))
         for rank, offset in found.iter_rows():
-            offsets[int(rank)] = int(round(offset))
+            offsets[int(rank)] = round(offset)
     return offsets, {}, {}
 
 
@@ -290,7 +290,7 @@ def _residuals(aligned: pl.DataFrame, keys: list[str]) -> tuple[dict[int, int], 
         (pl.col("at_end") - (pl.col("_sum") - pl.col("at_end")) / (pl.col("_n") - 1)).abs().alias("_residual")
     )
     table = stats.group_by("rank").agg(pl.col("_residual").median(), pl.len().alias("_count"))
-    residuals = {int(r): int(round(v)) for r, v, _ in table.iter_rows()}
+    residuals = {int(r): round(v) for r, v, _ in table.iter_rows()}
     counts = {int(r): int(n) for r, _, n in table.iter_rows()}
     return residuals, counts
 
