@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import resource
 import subprocess
 import sys
 import time
@@ -90,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         "`tests/fixtures/h200/p2p_nsys_bucket25` replicated (see the script's docstring). "
         f"One instance pickles to {per_call:.0f} bytes here (a 111-row frame, with its overhead).",
         "",
-        "| ranks | calls a rank | matching | reduce wall | peak RSS | instances in memory | matched | late rank | clocks trusted |",
+        "| ranks | calls a rank | matching | reduce wall | peak RSS | instances in memory | matched | late rank "
+        "| clocks trusted |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

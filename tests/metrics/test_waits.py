@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import os
 import json
+import os
 import sqlite3
 import statistics
 from decimal import Decimal
