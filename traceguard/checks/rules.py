@@ -135,6 +135,8 @@ def _format_floor(value: float, unit: str) -> str:
         return f"{format_bytes(value)} per step"
     if unit == "ns":
         return format_ns(value)
+    if unit == "share":
+        return _pct(value)
     return _plural(value, unit)
 
 
@@ -303,13 +305,26 @@ LATE_RANK_REMEDY = (
 
 def _late_remedy(result: RunResult) -> str:
     late = result.metrics.get("late_rank")
-    return LATE_RANK_REMEDY.format(who=f"rank {late}" if late is not None else "the late rank")
+    text = LATE_RANK_REMEDY.format(who=f"rank {late}" if late is not None else "the late rank")
+    exposed = result.metrics.get("exposed_wait_share")
+    if exposed is not None:
+        text += (
+            f" Of the waiting, {exposed:.1%} of the steps' GPU time has no compute beside it: that much is what "
+            "the late rank costs the step (the rest overlaps the waiting ranks' own work)."
+        )
+    return text
 
 
 def _share_remedy(result: RunResult) -> str | None:
     """nccl_step_share's remedy by the split: the late rank's host when most NCCL time is waiting."""
     share = result.metrics.get("nccl_wait_share")
     return _late_remedy(result) if share is not None and share >= 0.5 else None
+
+
+def _exposed_wait_found(result: RunResult) -> str:
+    share = _m(result, "exposed_wait_share")
+    shown = "an unknown share" if share is None else _pct(share)
+    return f"waiting with no compute beside it {shown} of the steps' GPU time"
 
 
 def _matched_steps_found(result: RunResult) -> str:
@@ -577,6 +592,15 @@ RULES: dict[str, Rule] = {
                     "step",
                     _matched_steps_found,
                     "too few steps with collectives matched across ranks: one slow step would decide",
+                ),
+                Floor(
+                    "min_exposed_wait_share",
+                    "exposed_wait_share",
+                    "share",
+                    _exposed_wait_found,
+                    "the waiting is hidden behind the waiting ranks' own compute, so the late rank costs the "
+                    "step next to nothing: no finding",
+                    finding=True,
                 ),
             ),
             step_based=True,

@@ -383,6 +383,16 @@ def run_waits(metrics: dict[str, Any], null: dict[str, str], ranks: Sequence[Ran
             if len(timed) < len(ranks)
             else waits.null_reasons.get("late_rank") or "no step holds a collective matched on every member rank"
         )
+    # What the waiting costs: the exposed NCCL time before the last arrival ÷ the steps' periods.
+    exposed = [
+        (s["comm_wait_ns"], s["period_ns"])
+        for r in ranks
+        for s in r.steps
+        if s.get("comm_wait_ns") is not None and s.get("period_ns")
+    ]
+    metrics["exposed_wait_share"] = sum(w for w, _ in exposed) / sum(p for _, p in exposed) if exposed else None
+    if metrics["exposed_wait_share"] is None:
+        null["exposed_wait_share"] = null.get("nccl_wait_share") or "no step has both a matched collective and a GPU period"
     known = [v for v in (metrics.get("straggler_spread"), metrics["arrival_spread"]) if v is not None]
     metrics["straggler_worst"] = max(known) if known else None
     if not known:

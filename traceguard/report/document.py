@@ -78,6 +78,7 @@ RUN_ONLY = (
     "straggler_steps_compared",
     "gpu_model_ranks",
     "late_rank",
+    "exposed_wait_share",
     "collective_instances_unmatched",
     "matched_steps",
     "arrival_spread",
