@@ -49,6 +49,23 @@ def test_harness_parses_repeated_and_comma_separated_options() -> None:
     assert "--slow-rank" not in harness.job_arguments(harness.run_parser().parse_args(["--out", "x"]), Path("x"))
 
 
+def test_waits_matrix_is_clean_slow_shm_and_both() -> None:
+    cfgs = {name: harness.run_parser().parse_args([*o, "--out", "x"]) for name, o in harness.MATRICES["waits"]}
+    got = {name: (harness.slow_ranks(cfg), cfg.p2p) for name, cfg in cfgs.items()}
+    assert got == {
+        "clean": ({}, True),
+        "slow_rank1": ({1: 30.0}, True),
+        "shm": ({}, False),
+        "shm_slow_rank1": ({1: 30.0}, False),
+    }
+    assert all(harness.workload_refusal(cfg) is None for cfg in cfgs.values())
+    # a sweep's base arguments add to a setting's own --slow-rank
+    cfg = harness.run_parser().parse_args(
+        ["--slow-rank", "0:5", *dict(harness.MATRICES["waits"])["slow_rank1"], "--out", "x"]
+    )
+    assert harness.slow_ranks(cfg) == {0: 5.0, 1: 30.0}
+
+
 def test_harness_rejects_bad_syntax_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         harness.run_parser().parse_args(["--slow-rank", "1=30", "--out", "x"])

@@ -8,6 +8,9 @@ machines that have nothing else installed. Every step is an NVTX range ``Batch N
 Profiled steps sit inside ``cudaProfilerStart``/``Stop`` (nsys ``--capture-range=cudaProfilerApi``)
 or a ``torch.profiler`` session; throughput is measured on separate timed steps.
 
+``--slow-rank R:MS`` makes a known late rank: rank R's host sleeps MS ms first thing in every
+step's ``get batch`` range (``slow_rank.py``), recorded in the rank's ``config`` and ``slow_rank_sleep_ms``.
+
 Usage (one line per rank is started by torchrun)::
 
     torchrun --nproc_per_node=2 -m traceguard.capture.ddp_job --out DIR [options]
