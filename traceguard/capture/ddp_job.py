@@ -8,6 +8,9 @@ machines that have nothing else installed. Every step is an NVTX range ``Batch N
 Profiled steps sit inside ``cudaProfilerStart``/``Stop`` (nsys ``--capture-range=cudaProfilerApi``)
 or a ``torch.profiler`` session; throughput is measured on separate timed steps.
 
+``--slow-rank R:MS`` makes a known late rank: rank R's host sleeps MS ms first thing in every
+step's ``get batch`` range (``slow_rank.py``), recorded in the rank's ``config`` and ``slow_rank_sleep_ms``.
+
 Usage (one line per rank is started by torchrun)::
 
     torchrun --nproc_per_node=2 -m traceguard.capture.ddp_job --out DIR [options]
@@ -32,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from traceguard.capture import slow_rank
+from traceguard.capture.slow_rank import SLOW_INPUT_WORKLOADS, slow_input
 from traceguard.capture.workload_jobs import COMM_DTYPES, WORKLOADS, Workload, record_of
 from traceguard.capture.workload_jobs import build as build_workload
 
@@ -78,7 +83,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="capture forward+backward+gradient all-reduce+optimizer step as one CUDA graph and replay it "
         "every step (needs CUDA; --comm ddp becomes allreduce, which the graph holds)",
     )
+    slow_rank.add_option(p)
     args = p.parse_args(argv)
+    try:
+        args.slow_rank = slow_rank.merge_slow_ranks(args.slow_rank)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.slow_rank and args.workload not in SLOW_INPUT_WORKLOADS:
+        p.error(f"--slow-rank sleeps in the `get batch` range, which --workload {args.workload} does not have")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if beyond := [r for r in args.slow_rank if r >= world]:
+        p.error(f"--slow-rank names rank {beyond[0]}, but the job has {world} rank(s) (0..{world - 1})")
     if args.cuda_graphs:
         if not torch.cuda.is_available():
             p.error("--cuda-graphs needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
@@ -257,6 +272,8 @@ def _train(
     distributed = dist.is_initialized()
     nvtx = _Nvtx()
     torch.manual_seed(0)
+    # --slow-rank: this rank's host sleep at the start of every `get batch` (0: none).
+    delay_s = args.slow_rank.get(rank, 0.0) / 1000.0
     comm = args.comm if args.workload == "ddp" else "none"  # the other workloads communicate their own way
 
     model, shape, classes = build_model(args)
@@ -302,12 +319,15 @@ def _train(
     batches = iter(loader)
     workload: Workload | None = None
     if args.workload != "ddp":
-        workload = build_workload(args, model, batches, rank=rank, world=world, device=device, nvtx=nvtx)
+        workload = build_workload(
+            args, model, batches, rank=rank, world=world, device=device, nvtx=nvtx, delay_s=delay_s
+        )
         model = workload.module
 
     def step(index: int) -> None:
         with nvtx.range(f"Batch {index}"):
             with nvtx.range("get batch"):
+                slow_input(delay_s)
                 x, y = next(batches)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with nvtx.range("forward"):
@@ -327,7 +347,15 @@ def _train(
     graphed: GraphedStep | None = None
     if args.cuda_graphs:
         graphed = GraphedStep(
-            model, opt, loss_fn, batches, device, nvtx, allreduce=explicit_allreduce, warmup=max(args.warmup, 3)
+            model,
+            opt,
+            loss_fn,
+            batches,
+            device,
+            nvtx,
+            allreduce=explicit_allreduce,
+            warmup=max(args.warmup, 3),
+            delay_s=delay_s,
         )
         step = graphed.step  # every step from here on replays the graph
     if workload is not None:
@@ -430,6 +458,8 @@ def _train(
         "python": platform.python_version(),
         "host": platform.node(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        # --slow-rank as this rank applied it: its host sleep at the start of every `get batch`.
+        "slow_rank_sleep_ms": args.slow_rank.get(rank, 0.0),
         "ddp": ddp_info,
         "comm": comm,
         "workload": record_of(workload) if workload is not None else {"name": "ddp"},
@@ -466,9 +496,11 @@ class GraphedStep:
         *,
         allreduce: bool,
         warmup: int,
+        delay_s: float = 0.0,
     ) -> None:
         self.model, self.opt, self.loss_fn, self.batches = model, opt, loss_fn, batches
         self.device, self.nvtx, self.allreduce, self.warmup = device, nvtx, allreduce, warmup
+        self.delay_s = delay_s
         x, y = next(batches)
         self.static_x, self.static_y = x.to(device), y.to(device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -485,6 +517,7 @@ class GraphedStep:
 
     def _load(self) -> None:
         with self.nvtx.range("get batch"):
+            slow_input(self.delay_s)
             x, y = next(self.batches)
             self.static_x.copy_(x, non_blocking=True)
             self.static_y.copy_(y, non_blocking=True)

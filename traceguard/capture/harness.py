@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from traceguard.capture import slow_rank
 from traceguard.tools import find_importer, find_nsys
 
 BUNDLE_VERSION = 1
@@ -106,6 +107,7 @@ def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--no-shm", dest="shm", action="store_false", help="NCCL_SHM_DISABLE=1")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment (repeatable)")
     p.add_argument("--num-workers", type=int, default=0)
+    slow_rank.add_option(p)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is stopped")
     p.add_argument("--keep-reports", action="store_true", help="keep .nsys-rep files beside the SQLite exports")
     p.add_argument("--compress", action="store_true", help="gzip the SQLite exports and traces (traceguard reads .gz)")
@@ -166,7 +168,21 @@ def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
         args.append("--async")
     if getattr(cfg, "cuda_graphs", False):
         args.append("--cuda-graphs")
+    slow = slow_ranks(cfg)
+    if slow:
+        args += ["--slow-rank", ",".join(f"{rank}:{ms:g}" for rank, ms in slow.items())]
     return args
+
+
+def slow_ranks(cfg: argparse.Namespace) -> dict[int, float]:
+    """The ``--slow-rank`` options of ``cfg`` as one {rank: ms} (raises SystemExit on a rank given twice)."""
+    value = getattr(cfg, "slow_rank", None)
+    if isinstance(value, dict):
+        return value
+    try:
+        return slow_rank.merge_slow_ranks(value)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def job_environment(cfg: argparse.Namespace, out: Path) -> dict[str, str]:
@@ -318,6 +334,13 @@ def workload_refusal(cfg: argparse.Namespace) -> str | None:
     reduce-scatter and all-reduce of DTensors), as do send/recv, broadcast and reduce; so the
     backend refuses nothing. bf16 over gloo works (gloo reduces bf16 since torch 2.x)."""
     workload = cfg.workload
+    slow = slow_ranks(cfg)
+    if slow and workload not in slow_rank.SLOW_INPUT_WORKLOADS:
+        return f"--slow-rank sleeps in the `get batch` range, which --workload {workload} does not have"
+    if beyond := [rank for rank in slow if rank >= cfg.world_size]:
+        return (
+            f"--slow-rank names rank {beyond[0]}, but --world-size {cfg.world_size} has ranks 0..{cfg.world_size - 1}"
+        )
     if workload == "ddp":
         return None
     if cfg.model != "mlp":
@@ -370,6 +393,7 @@ def workload_summary(workload: str, records: list[dict[str, Any]]) -> dict[str, 
 
 def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     """Run the job once into ``cfg.out`` and write its manifest; returns the manifest."""
+    cfg.slow_rank = slow_ranks(cfg)  # one {rank: ms}, as the manifest's config records it
     if problem := workload_refusal(cfg):
         raise Refused(problem)
     cuda = cuda_available()
@@ -552,6 +576,14 @@ MATRICES: dict[str, list[tuple[str, list[str]]]] = {
         ),
         ("fsdp", ["--workload", "fsdp"]),
         ("tensor_parallel", ["--workload", "tensor-parallel"]),
+    ],
+    # Known late ranks for the cross-rank analysis (issue 24): the same job clean, with rank 1's host
+    # 30 ms late in every step's `get batch` (--slow-rank), and each over SHM (NCCL_P2P_DISABLE=1).
+    "waits": [
+        ("clean", []),
+        ("slow_rank1", ["--slow-rank", "1:30"]),
+        ("shm", ["--no-p2p"]),
+        ("shm_slow_rank1", ["--no-p2p", "--slow-rank", "1:30"]),
     ],
     # A small CPU (gloo) matrix: every code path, fast.
     "cpu": [

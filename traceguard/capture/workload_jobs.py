@@ -24,6 +24,9 @@ call lists all its transfers in one range, ``batch_isend_irecv: send to 2 (4096 
 front when issued with ``async_op=True`` and a separate ``wait <op> <what>`` range where the host
 waits for it. ``traceguard.metrics.workloads`` reads these names.
 
+``--slow-rank R:MS`` (a known late rank, ``slow_rank.py``): every workload's step sleeps on the host
+at the start of its ``get batch`` range (``slow_input``), before forward.
+
 Needs torch only (runs on GPU machines that have nothing else installed).
 """
 
@@ -37,6 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from traceguard.capture.slow_rank import slow_input
 
 WORKLOADS = ("ddp", "pipeline", "broadcast-reduce", "fsdp", "tensor-parallel")
 COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -144,6 +149,7 @@ def build_pipeline(
     world: int,
     device: torch.device,
     nvtx: Any,
+    delay_s: float = 0.0,
 ) -> Workload:
     stages = split_stages(layers, world)
     stage = nn.Sequential(*stages[rank]).to(device)
@@ -166,6 +172,7 @@ def build_pipeline(
         outputs: dict[int, torch.Tensor] = {}
         with nvtx.range(f"Batch {index}"):
             with nvtx.range("get batch"):
+                slow_input(delay_s)
                 x, y = next(batches)
                 xs = x.to(device, non_blocking=True).chunk(m)
                 ys = y.to(device, non_blocking=True).chunk(m)
@@ -292,6 +299,7 @@ def build_broadcast_reduce(
     world: int,
     device: torch.device,
     nvtx: Any,
+    delay_s: float = 0.0,
 ) -> Workload:
     comm_dtype = COMM_DTYPES[args.comm_dtype]
     layers = [layer for layer in model if any(True for _ in layer.parameters(recurse=False))]
@@ -334,6 +342,7 @@ def build_broadcast_reduce(
         entry = ledger_entry(ledger, index)
         with nvtx.range(f"Batch {index}"):
             with nvtx.range("get batch"):
+                slow_input(delay_s)
                 x, y = next(batches)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with nvtx.range("forward"):
@@ -415,13 +424,16 @@ def build_broadcast_reduce(
 # FSDP2 and tensor parallelism: the model is sharded, the step is the plain one.
 
 
-def _plain_step(module: nn.Module, batches: Iterator[Any], device: torch.device, nvtx: Any) -> Callable[[int], None]:
+def _plain_step(
+    module: nn.Module, batches: Iterator[Any], device: torch.device, nvtx: Any, delay_s: float = 0.0
+) -> Callable[[int], None]:
     opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     def step(index: int) -> None:
         with nvtx.range(f"Batch {index}"):
             with nvtx.range("get batch"):
+                slow_input(delay_s)
                 x, y = next(batches)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with nvtx.range("forward"):
@@ -443,7 +455,9 @@ def _placements(module: nn.Module) -> dict[str, str]:
     return out
 
 
-def build_fsdp(model: nn.Module, batches: Iterator[Any], *, world: int, device: torch.device, nvtx: Any) -> Workload:
+def build_fsdp(
+    model: nn.Module, batches: Iterator[Any], *, world: int, device: torch.device, nvtx: Any, delay_s: float = 0.0
+) -> Workload:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -458,11 +472,11 @@ def build_fsdp(model: nn.Module, batches: Iterator[Any], *, world: int, device: 
         "placements": _placements(model),
         "mesh": list(mesh.shape),
     }
-    return Workload("fsdp", model, _plain_step(model, batches, device, nvtx), info)
+    return Workload("fsdp", model, _plain_step(model, batches, device, nvtx, delay_s), info)
 
 
 def build_tensor_parallel(
-    model: nn.Module, batches: Iterator[Any], *, world: int, device: torch.device, nvtx: Any
+    model: nn.Module, batches: Iterator[Any], *, world: int, device: torch.device, nvtx: Any, delay_s: float = 0.0
 ) -> Workload:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -482,7 +496,7 @@ def build_tensor_parallel(
         "placements": _placements(model),
         "mesh": list(mesh.shape),
     }
-    return Workload("tensor-parallel", model, _plain_step(model, batches, device, nvtx), info)
+    return Workload("tensor-parallel", model, _plain_step(model, batches, device, nvtx, delay_s), info)
 
 
 def build(
@@ -494,17 +508,22 @@ def build(
     world: int,
     device: torch.device,
     nvtx: Any,
+    delay_s: float = 0.0,
 ) -> Workload:
-    """The workload ``args.workload`` (not ddp) on this rank; ``model`` is the whole MLP, on the CPU."""
+    """The workload ``args.workload`` (not ddp) on this rank; ``model`` is the whole MLP, on the CPU.
+    ``delay_s``: this rank's ``--slow-rank`` sleep at the start of every ``get batch``."""
     if args.workload == "pipeline":
-        return build_pipeline(args, list(model), batches, rank=rank, world=world, device=device, nvtx=nvtx)
+        layers = list(model)
+        return build_pipeline(args, layers, batches, rank=rank, world=world, device=device, nvtx=nvtx, delay_s=delay_s)
     model = model.to(device)
     if args.workload == "broadcast-reduce":
-        return build_broadcast_reduce(args, model, batches, rank=rank, world=world, device=device, nvtx=nvtx)
+        return build_broadcast_reduce(
+            args, model, batches, rank=rank, world=world, device=device, nvtx=nvtx, delay_s=delay_s
+        )
     if args.workload == "fsdp":
-        return build_fsdp(model, batches, world=world, device=device, nvtx=nvtx)
+        return build_fsdp(model, batches, world=world, device=device, nvtx=nvtx, delay_s=delay_s)
     if args.workload == "tensor-parallel":
-        return build_tensor_parallel(model, batches, world=world, device=device, nvtx=nvtx)
+        return build_tensor_parallel(model, batches, world=world, device=device, nvtx=nvtx, delay_s=delay_s)
     raise SystemExit(f"unknown workload {args.workload!r}")
 
 
