@@ -392,7 +392,9 @@ def run_waits(metrics: dict[str, Any], null: dict[str, str], ranks: Sequence[Ran
     ]
     metrics["exposed_wait_share"] = sum(w for w, _ in exposed) / sum(p for _, p in exposed) if exposed else None
     if metrics["exposed_wait_share"] is None:
-        null["exposed_wait_share"] = null.get("nccl_wait_share") or "no step has both a matched collective and a GPU period"
+        null["exposed_wait_share"] = (
+            null.get("nccl_wait_share") or "no step has both a matched collective and a GPU period"
+        )
     known = [v for v in (metrics.get("straggler_spread"), metrics["arrival_spread"]) if v is not None]
     metrics["straggler_worst"] = max(known) if known else None
     if not known:
