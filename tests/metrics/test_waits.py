@@ -45,7 +45,7 @@ ORDER BY k.start"""
 
 def _split(kernels: list[list[tuple[int, int]]]) -> tuple[list[int], list[int], int]:
     """Per rank Σ wait and Σ transfer of calls matched k-th to k-th, and rank 1's clock offset."""
-    offset = int(statistics.median(a[1] - b[1] for a, b in zip(kernels[0], kernels[1], strict=True)))
+    offset = round(statistics.median(a[1] - b[1] for a, b in zip(kernels[0], kernels[1], strict=True)))
     aligned = [kernels[0], [(s + offset, e + offset) for s, e in kernels[1]]]
     wait, transfer = [0, 0], [0, 0]
     for calls in zip(*aligned, strict=True):
@@ -331,3 +331,78 @@ def test_the_c_loop_equals_the_numpy_one(unpacked) -> None:
     assert results[0] == results[1]
     assert results[0] == breakdown.whole_breakdown(ops, bounds, indices)
     assert len(results[0]) == 3 and all(r["compute_ns"] > 0 and r["comm_ns"] > 0 for r in results[0].values())
+
+
+# ---------------------------------------------------------------- known late ranks (--slow-rank)
+
+H100 = OWN / "h100x2_waits"
+
+
+def test_the_slowed_rank_is_the_late_rank_on_2xh100_nsys(unpacked) -> None:
+    """2×H100, rank 1's host sleeps 30 ms in every `get batch` (harness --slow-rank 1:30): rank 1
+    is last at every all-reduce, rank 0's NCCL time is mostly waiting, and the sums are SQL's."""
+    paths = [unpacked(H100 / "slow_nsys" / f"cap_{r}.sqlite.gz") for r in (0, 1)]
+    kernels = [_nsys_kernels(p) for p in paths]
+    wait, transfer, _ = _split(kernels)
+    lateness = statistics.median(b[0] - a[0] for a, b in zip(*kernels, strict=True))
+    report = analyze([str(H100 / "slow_nsys")]).report
+    ranks, run = report["ranks"], report["run"]
+    assert [r["metrics"]["nccl_wait_ns"] for r in ranks] == wait
+    assert [r["metrics"]["nccl_transfer_ns"] for r in ranks] == transfer
+    assert run["metrics"]["late_rank"] == 1
+    assert run["late_rank"]["last_arrivals"] == run["late_rank"]["of"] == 6
+    assert run["late_rank"]["median_late_ns"] == pytest.approx(lateness, abs=20_000)  # the clock refinement
+    assert 30e6 < run["late_rank"]["median_late_ns"] < 45e6
+    assert ranks[0]["metrics"]["nccl_wait_share"] > 0.85 and ranks[1]["metrics"]["nccl_wait_share"] < 0.05
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["collective_wait"]["status"] == "fail"
+    assert "make rank 1 arrive on time" in checks["collective_wait"]["remedy"]
+    # The straggler is rank 1 (the late one), not rank 0 whose GPU span holds the wait.
+    assert checks["straggler"]["status"] == "fail"
+    assert checks["straggler"]["evidence"][0]["latest_rank"] == 1
+    assert "make rank 1 arrive on time" in checks["straggler"]["remedy"]
+
+
+def test_the_shm_run_is_transfer_not_waiting(unpacked) -> None:
+    """The same job with NCCL_P2P_DISABLE=1: the all-reduce crawls over shared memory, the ranks
+    arrive within milliseconds: the NCCL time is transfer and the remedy stays the link's."""
+    report = analyze([str(H100 / "shm_nsys")]).report
+    assert report["run"]["metrics"]["nccl_wait_share"] < 0.1
+    checks = {c["id"]: c for c in report["checks"]}
+    assert checks["collective_wait"]["status"] == "pass"
+    assert checks["nccl_step_share"]["status"] in ("warn", "fail")
+    assert "97% is transfer" in checks["nccl_step_share"]["message"]
+    assert "arrive on time" not in checks["nccl_step_share"]["remedy"]
+    assert "NCCL_P2P_DISABLE" in checks["nccl_step_share"]["remedy"]
+
+
+def test_the_slowed_rank_is_the_late_rank_on_2xh100_torch_profiler() -> None:
+    run_dir = H100 / "slow_torch"
+    kernels = [_kineto_kernels(run_dir / f"rank{r}.trace.json.gz")[1] for r in (0, 1)]
+    wait, transfer, _ = _split(kernels)
+    report = analyze([str(run_dir)]).report
+    assert [r["metrics"]["nccl_wait_ns"] for r in report["ranks"]] == pytest.approx(wait, abs=3)
+    assert [r["metrics"]["nccl_transfer_ns"] for r in report["ranks"]] == pytest.approx(transfer, abs=3)
+    assert report["run"]["metrics"]["late_rank"] == 1
+    assert report["run"]["late_rank"]["last_arrivals"] == 3
+
+
+def test_a_gloo_late_rank_is_named_from_its_c10d_calls() -> None:
+    """CPU (gloo) with --slow-rank 1:40 under torch.profiler: the calls are c10d's `gloo:*`
+    ranges; rank 1 reaches every one about 40 ms after rank 0. Wait and transfer are not split
+    (a gloo call returns before the collective completes), and say why."""
+    report = analyze([str(OWN / "slow_rank_cpu" / "torch")], profile="ci-cpu").report
+    run = report["run"]
+    assert run["metrics"]["late_rank"] == 1
+    assert run["late_rank"]["last_arrivals"] == run["late_rank"]["of"] == run["metrics"]["collective_instances_matched"]
+    assert 40e6 <= run["late_rank"]["median_late_ns"] < 50e6
+    assert run["clock_alignment"]["method"].startswith("capture clock base only")
+    assert "gloo" in run["metrics"]["null_reasons"]["nccl_wait_share"]
+    straggler = next(c for c in report["checks"] if c["id"] == "straggler")
+    assert straggler["status"] == "warn" and straggler["evidence"][0]["latest_rank"] == 1
+
+
+def test_an_nsys_cpu_capture_without_c10d_ranges_says_so() -> None:
+    report = analyze([str(OWN / "slow_rank_cpu" / "nsys")], profile="ci-cpu").report
+    reason = report["run"]["metrics"]["null_reasons"]["late_rank"]
+    assert reason.startswith("no rank has a collective call") and "nsys" in reason

@@ -369,8 +369,10 @@ def run_waits(metrics: dict[str, Any], null: dict[str, str], ranks: Sequence[Ran
     # Per step index: the latest rank's median lateness ÷ the median GPU span of that step.
     spreads = []
     timed = [r for r in ranks if r.step_source != "window"]  # a capture's length is not a step time
+    # A step's length: its GPU span, or on a CPU capture (no GPU work) its range on the host.
+    lengths = [r.spans_by_index or {s["index"]: s["cpu_ns"] for s in r.steps if s.get("cpu_ns")} for r in timed]
     for row in waits.arrival_steps if len(timed) == len(ranks) else []:
-        spans = [r.spans_by_index[row["index"]] for r in timed if row["index"] in r.spans_by_index]
+        spans = [length[row["index"]] for length in lengths if row["index"] in length]
         median = statistics.median(spans) if spans else 0
         if median > 0 and row["lateness_ns"] is not None:
             spreads.append({**row, "median_gpu_span_ns": median, "spread": row["lateness_ns"] / median})

@@ -114,7 +114,12 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
     frames = [frame.with_columns(pl.lit(clock.rank, dtype=pl.Int32).alias("rank")) for clock, frame in instances]
     every = pl.concat([f for f in frames if f.height], how="vertical") if any(f.height for f in frames) else None
     if every is None:
-        return _all_null(result, ranks, "no rank has a collective call in its analysis window")
+        return _all_null(
+            result,
+            ranks,
+            "no rank has a collective call in its analysis window (on a CPU capture the calls are c10d's ranges, "
+            "`gloo:all_reduce` ...: torch.profiler records them, nsys without GPU activity does not)",
+        )
     cpu = every["exposed_ns"].null_count() == every.height
     bases = {clock.rank: _base_of(clock, frame) for clock, frame in instances}
     every = every.with_columns(
