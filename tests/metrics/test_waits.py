@@ -406,3 +406,32 @@ def test_an_nsys_cpu_capture_without_c10d_ranges_says_so() -> None:
     report = analyze([str(OWN / "slow_rank_cpu" / "nsys")], profile="ci-cpu").report
     reason = report["run"]["metrics"]["null_reasons"]["late_rank"]
     assert reason.startswith("no rank has a collective call") and "nsys" in reason
+
+
+# ---------------------------------------------------------------- every committed multi-rank run
+
+MULTI_RANK = sorted(
+    {p.parent for p in OWN.glob("h200*/*/cap_1.sqlite.gz")}
+    | {p.parent for p in OWN.glob("h200*/*/rank1.trace.json.gz")}
+    | {p.parent for p in OWN.glob("sweep_h200/*/cap_1.sqlite.gz")}
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run_dir", MULTI_RANK, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_committed_run_reports_the_split_or_says_why(run_dir: Path) -> None:
+    """On every committed multi-rank capture the split, the late rank and the clock residual are
+    reported, or null with a reason; a collective_wait or straggler finding names its late rank."""
+    report = analyze([str(run_dir)]).report
+    run = report["run"]
+    clock = run["clock_alignment"]
+    assert clock["ranks"] and (clock["method"] or clock["reason"])
+    if clock["trusted"]:
+        assert all(r["residual_ns"] is not None and r["residual_ns"] < RESIDUAL_LIMIT_NS for r in clock["ranks"])
+    else:
+        assert clock["reason"]
+    for key in ("nccl_wait_share", "late_rank", "exposed_wait_share"):
+        assert run["metrics"][key] is not None or run["metrics"]["null_reasons"][key], key
+    for check in report["checks"]:
+        if check["id"] in ("collective_wait", "straggler") and check["status"] in ("warn", "fail"):
+            assert "arrived last" in check["message"] or check["id"] == "straggler"
