@@ -361,6 +361,12 @@ def test_the_slowed_rank_is_the_late_rank_on_2xh100_nsys(unpacked) -> None:
     assert checks["straggler"]["status"] == "fail"
     assert checks["straggler"]["evidence"][0]["latest_rank"] == 1
     assert "make rank 1 arrive on time" in checks["straggler"]["remedy"]
+    # Without the step markers (steps inferred from the kernels), calls match by order: the same answer.
+    inferred = analyze([str(H100 / "slow_nsys")], step_sources=["inferred"]).report
+    assert {r["step_source"] for r in inferred["ranks"]} == {"inferred"}
+    assert inferred["run"]["clock_alignment"]["matching"] == "order in the window (shift-aligned)"
+    assert [r["metrics"]["nccl_wait_ns"] for r in inferred["ranks"]] == wait
+    assert inferred["run"]["metrics"]["late_rank"] == 1
 
 
 def test_the_shm_run_is_transfer_not_waiting(unpacked) -> None:
