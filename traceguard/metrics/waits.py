@@ -407,17 +407,27 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
     aligned = aligned.with_columns((pl.col("at_start") - pl.col("first_arrival")).alias("lateness_ns"))
     lasts = aligned.filter(pl.col("rank") == pl.col("last_rank"))
     instances = lasts.height
+    # Per rank in one pass each (a loop of filters would read every rank's calls once per rank).
+    held = dict(aligned.group_by("rank").len().iter_rows())
+    stats = {
+        rank: (count, median, p95)
+        for rank, count, median, p95 in lasts.group_by("rank")
+        .agg(
+            pl.len(),
+            pl.col("lateness_ns").median().alias("median"),
+            pl.col("lateness_ns").quantile(0.95, "nearest").cast(pl.Float64).alias("p95"),
+        )
+        .iter_rows()
+    }
     for rank in ranks:
-        own = lasts.filter(pl.col("rank") == rank)
-        late = own["lateness_ns"].to_numpy()
-        held = aligned.filter(pl.col("rank") == rank).height
+        count, median, p95 = stats.get(rank, (0, None, None))
         result.per_rank.setdefault(rank, {})["last_arrivals"] = {
-            "count": int(own.height),
-            "of": held,
-            "median_late_ns": float(np.median(late)) if late.size else None,
-            "p95_late_ns": float(np.quantile(late, 0.95, method="nearest")) if late.size else None,
+            "count": int(count),
+            "of": int(held.get(rank, 0)),
+            "median_late_ns": None if median is None else float(median),
+            "p95_late_ns": None if p95 is None else float(p95),
         }
-        result.per_rank[rank]["collective_instances_matched"] = held
+        result.per_rank[rank]["collective_instances_matched"] = int(held.get(rank, 0))
     steps = aligned.filter(pl.col("step").is_not_null()).group_by(["rank", "step"]).agg(pl.col("lateness_ns").median())
     for rank, step, late in steps.iter_rows():
         result.per_step.setdefault(int(rank), {}).setdefault(int(step), {})["lateness_ns"] = float(late)
