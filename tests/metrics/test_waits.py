@@ -441,3 +441,15 @@ def test_every_committed_run_reports_the_split_or_says_why(run_dir: Path) -> Non
     for check in report["checks"]:
         if check["id"] in ("collective_wait", "straggler") and check["status"] in ("warn", "fail"):
             assert "arrived last" in check["message"] or check["id"] == "straggler"
+
+
+def test_cpu_calls_on_two_hosts_are_not_trusted() -> None:
+    """The gloo pair again, told its ranks ran on two hosts: CPU calls cannot refine the clocks,
+    so neither the lateness nor the late rank is reported."""
+    results = analyze([str(OWN / "slow_rank_cpu" / "torch")], profile="ci-cpu").result.ranks
+    clocks = [RankClock(r.rank, r.clock["base_ns"], r.clock["source"], f"host{r.rank}", r.step_source) for r in results]
+    waits = reduce_waits([(clock, r.instances) for clock, r in zip(clocks, results, strict=True)])
+    assert waits.clock_alignment["trusted"] is False
+    assert "different (or unnamed) hosts" in waits.clock_alignment["reason"]
+    assert waits.metrics["late_rank"] is None and waits.late is None
+    assert all(row["last_arrivals"] is None for row in waits.per_rank.values())

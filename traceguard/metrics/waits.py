@@ -166,13 +166,6 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
     result.clock_alignment["matching"] = matching
     aligned = _arrivals(aligned, keys)
     _lateness(result, aligned, ranks)
-    if cpu:
-        reason = (
-            "CPU collective calls (gloo): a call's return is not the collective's completion, so waiting and "
-            "transfer cannot be told apart; the arrival lateness and the late rank are reported"
-        )
-        _null_split(result, ranks, reason)
-        return result
     if not trust:
         # Arrivals on clocks that do not agree say nothing: no lateness, no late rank either.
         _null_split(result, ranks, str(why))
@@ -183,6 +176,13 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
         result.null_reasons["late_rank"] = str(why)
         for rank in ranks:
             result.per_rank[rank]["last_arrivals"] = None
+        return result
+    if cpu:
+        reason = (
+            "CPU collective calls (gloo): a call's return is not the collective's completion, so waiting and "
+            "transfer cannot be told apart; the arrival lateness and the late rank are reported"
+        )
+        _null_split(result, ranks, reason)
         return result
     _split(result, aligned, ranks)
     return result
