@@ -453,3 +453,18 @@ def test_cpu_calls_on_two_hosts_are_not_trusted() -> None:
     assert "different (or unnamed) hosts" in waits.clock_alignment["reason"]
     assert waits.metrics["late_rank"] is None and waits.late is None
     assert all(row["last_arrivals"] is None for row in waits.per_rank.values())
+
+
+def test_utilization_evidence_carries_the_traces_transfer_bandwidth() -> None:
+    """Next to nccl-tests' numbers, p2p_utilization shows each rank's largest all-reduce from the
+    trace: rank 0's kernel time read 112 GB/s (it waited for rank 1), its transfer time 336."""
+    run_dir = OWN / "h200" / "p2p_nsys"
+    bench = OWN / "collectives" / "h200x2" / "p2p_graph"
+    report = analyze([str(bench), str(run_dir)]).report
+    check = next(c for c in report["checks"] if c["id"] == "p2p_utilization")
+    trace = [row for row in check["evidence"] if row.get("source") == "trace"]
+    assert [row["rank"] for row in trace] == [0, 1]
+    assert {row["bandwidth_time"] for row in trace} == {"transfer"}
+    assert all(330 < row["busbw_gbps"] < 340 for row in trace)
+    kernel = next(c for c in report["run"]["collectives"] if c["rank"] == 0)
+    assert kernel["msg_bytes"] / kernel["median_ns"] < 120  # what kernel time alone said

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import polars as pl
+
 from traceguard.checks.profiles import Profile, RuleConfig
 from traceguard.errors import ProfileError
 from traceguard.metrics.run import RunResult
@@ -390,6 +392,31 @@ def _straggler_detail(result: RunResult) -> str | None:
     return "; ".join(parts) or None
 
 
+def _utilization_evidence(result: RunResult) -> list[dict[str, Any]]:
+    """The benchmark's rows, then the trace's own largest all-reduce per rank with its bus
+    bandwidth from transfer time (waiting for the last rank taken out, metrics.waits) where its
+    calls were matched across ranks, else from kernel time (a lower bound)."""
+    rows = _link_evidence("p2p_utilization")(result)
+    for r in result.ranks:
+        table = r.collectives
+        if table.height == 0 or "bandwidth_time" not in table.columns:
+            continue
+        sized = table.filter((pl.col("collective") == "AllReduce") & pl.col("msg_bytes").is_not_null())
+        if sized.height:
+            top = sized.sort("msg_bytes", descending=True).row(0, named=True)
+            rows.append(
+                {
+                    "source": "trace",
+                    "rank": r.rank,
+                    "size_bytes": top["msg_bytes"],
+                    "calls": top["count"],
+                    "busbw_gbps": top["busbw_gbps"],
+                    "bandwidth_time": top["bandwidth_time"],
+                }
+            )
+    return rows
+
+
 def _link_evidence(rule_id: str) -> Callable[[RunResult], list[dict[str, Any]]]:
     def evidence(result: RunResult) -> list[dict[str, Any]]:
         return list(result.links.evidence.get(rule_id, [])) if result.links else []
@@ -714,7 +741,7 @@ RULES: dict[str, Rule] = {
             "Large all-reduces run below the links' expected bandwidth: compare the NCCL transport "
             "(`NCCL_DEBUG=INFO`), the algorithm/protocol (`NCCL_ALGO`, `NCCL_PROTO` left unset), channel "
             "count (`NCCL_MIN_NCHANNELS`), GPU clocks and link errors (`nvidia-smi nvlink -e`).",
-            _link_evidence("p2p_utilization"),
+            _utilization_evidence,
             floors=(
                 Floor(
                     "min_message_bytes",
