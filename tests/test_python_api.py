@@ -145,7 +145,8 @@ def test_compare_and_report_round_trip(p2p: traceguard.Analysis, tmp_path: Path)
     head = dict(shm.checks.select("id", "status").rows())
     assert diff["regressions"] == [c for c in base if base[c] == "pass" and head[c] in ("warn", "fail")]
     assert "transport_p2p" in diff["regressions"]
-    assert traceguard.compare(shm, p2p)["regressions"] == []
+    # SHM → P2P: no link check regresses; the cross-rank ones do (rank 1's lateness, docs/collectives.md).
+    assert set(traceguard.compare(shm, p2p)["regressions"]) <= {"collective_wait", "straggler"}
     share = next(m for m in diff["metrics"] if m["metric"] == "nccl_share_of_step")
     assert share["delta_pp"] == pytest.approx(100 * (share["head"] - share["base"]))
     steps = pl.DataFrame(diff["steps"])

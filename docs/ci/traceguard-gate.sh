@@ -8,7 +8,8 @@
 #   TG_MAIN_BRANCH   the branch whose runs are the baseline (main)
 #   TG_COMMIT        the commit, kept as a run label
 #   TG_BUNDLE        a run bundle directory (captures, NCCL logs, nvidia-smi output); empty: capture on CPU now
-#   TG_PROFILE       the checklist profile (production)
+#   TG_PROFILE       the checklist profile (default: production for a GPU job's bundle, ci-cpu for the
+#                    CPU capture: two gloo ranks sharing the CI machine's cores straggle by construction)
 #   TG_OUT           where junit.xml, report.json, compare.md/.json go (traceguard-out)
 #   TG_DATA_DIR      the embedded store kept between CI runs (CI cache) (.traceguard-store)
 #   TRACEGUARD_SERVER, TRACEGUARD_TOKEN   a traceguard service instead of the embedded store
@@ -23,7 +24,7 @@ tg="${TRACEGUARD:-traceguard}"
 branch="${TG_BRANCH:?set TG_BRANCH to the branch being built}"
 main="${TG_MAIN_BRANCH:-main}"
 commit="${TG_COMMIT:-unknown}"
-profile="${TG_PROFILE:-production}"
+profile="${TG_PROFILE:-}"
 out="${TG_OUT:-traceguard-out}"
 bundle="${TG_BUNDLE:-}"
 if [ -n "${TRACEGUARD_SERVER:-}" ]; then
@@ -40,6 +41,8 @@ if [ -z "$bundle" ]; then
   "$tg" harness run --world-size 2 --backend gloo --capture torch --model mlp --steps 5 --warmup 1 --timed 0 \
     --out "$bundle" ${TG_HARNESS_ARGS:-} || exit 2
 fi
+
+[ -n "$profile" ] || { [ -n "${TG_BUNDLE:-}" ] && profile=production || profile=ci-cpu; }
 
 # 2. The checks: JUnit for the CI's test view, JSON for the comparison.
 "$tg" check "$bundle" --profile "$profile" --junit "$out/junit.xml" --json "$out/report.json"

@@ -114,7 +114,9 @@ def test_report_formats_profiles_and_compare(api: Api, cli_reports: dict[str, di
 
     comparison = api.get("/v1/compare", params={"base": base, "head": head}).json()
     assert comparison["profile"] == "h200-nvlink"
-    assert (comparison["base_verdict"], comparison["head_verdict"]) == ("pass", "fail")
+    # P2P warns: rank 1 reaches the all-reduce 7-9 ms late in two of three steps (collective_wait,
+    # straggler's arrival spread; docs/collectives.md).
+    assert (comparison["base_verdict"], comparison["head_verdict"]) == ("warn", "fail")
     share = next(m for m in comparison["metrics"] if m["metric"] == "nccl_share_of_step")
     expected = (
         cli_reports["shm"]["run"]["metrics"]["nccl_share_of_step"]

@@ -112,8 +112,10 @@ def test_runs_steps_and_compare_on_the_embedded_store(store: tuple[Path, dict[st
     comparison = json.loads(stdout)
     statuses = dict(_sql(engine, "SELECT rule_id, status FROM check_results WHERE run_id = :r", r=head))
     assert comparison["regressions"] and all(statuses[c] in ("warn", "fail") for c in comparison["regressions"])
-    code, _, _ = _cli("compare", f"run:{head}", f"run:{ids['main']}", "--data-dir", data, env=env)
-    assert code == 0
+    # SHM → P2P: no link check regresses. The faster link leaves rank 1's lateness as most of the
+    # NCCL time, so only the cross-rank checks may get worse (docs/collectives.md).
+    code, stdout, _ = _cli("compare", f"run:{head}", f"run:{ids['main']}", "--data-dir", data, "-f", "json", env=env)
+    assert code in (0, 1) and set(json.loads(stdout)["regressions"]) <= {"collective_wait", "straggler"}
 
 
 @pytest.mark.slow
@@ -139,8 +141,8 @@ def test_runs_steps_and_compare_on_a_server(tmp_path: Path) -> None:
         engine.dispose()
         code, stdout, _ = _cli("compare", f"run:{base['id']}", f"run:{head['id']}", *auth, "-f", "json")
         assert code == 1 and "transport_p2p" in json.loads(stdout)["regressions"]
-        code, _, _ = _cli("compare", f"run:{head['id']}", f"run:{base['id']}", *auth)
-        assert code == 0
+        code, stdout, _ = _cli("compare", f"run:{head['id']}", f"run:{base['id']}", *auth, "-f", "json")
+        assert code in (0, 1) and set(json.loads(stdout)["regressions"]) <= {"collective_wait", "straggler"}
         code, _, stderr = _cli("runs", "--server", server.url)
         assert code == 2 and "--token" in stderr
     finally:

@@ -65,4 +65,4 @@ def test_service_runs_without_torch(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["succeeded pass", "torch loaded: False"]
+    assert done.stdout.splitlines() == ["succeeded warn", "torch loaded: False"]
