@@ -163,6 +163,9 @@ _INT = "int"
 _TEXT = "text"
 _BLOB = "blob"
 _DTYPES: dict[str, pl.DataType] = {_INT: pl.Int64(), _TEXT: pl.String(), _BLOB: pl.Binary()}
+#: Per correlation id, the process of the CUDA API call with that id (:meth:`_Reader.unnamed_ops_owner`).
+_OWNER_SCHEMA: dict[str, pl.DataType] = {"correlation_id": pl.Int64(), "pid": pl.Int64()}
+_UNSET = object()
 
 
 class TooManyRows(InputError):
@@ -273,6 +276,8 @@ class _Reader:
         self.tables = real_tables(conn)
         self._columns: dict[str, set[str]] = {}
         self._adbc: Any = None
+        #: :meth:`unnamed_ops_owner`, once found.
+        self._owner: object = _UNSET
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -467,6 +472,15 @@ class _Reader:
         notes: list[str] = []
         if "TARGET_INFO_GPU" not in tables:
             notes.append("no TARGET_INFO_GPU table: GPU names and bus ids are not available")
+        unnamed = self.gpu_tables_without_pid()
+        if unnamed:
+            owner = self.unnamed_ops_owner()
+            whose = (
+                f"taken as process {owner}'s, the only one the capture names"
+                if isinstance(owner, int)
+                else "each taken as its launching CUDA call's process"
+            )
+            notes.append(f"{', '.join(unnamed)} name no process (no globalPid column): their GPU ops are {whose}")
         return model.CaptureInfo(
             path=self.shown,
             format="nsys-sqlite",
@@ -547,8 +561,61 @@ class _Reader:
     def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]], where: str = "") -> pl.DataFrame:
         frame = self.bulk(table, self._gpu_spec(table, extra), where)
         if "global_pid" in frame.columns:
-            frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
+            return frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
+        owner = self.unnamed_ops_owner()
+        if isinstance(owner, int):
+            return frame.with_columns(pl.lit(owner, dtype=pl.Int64).alias("pid"))
+        if "correlation_id" in frame.columns:
+            return frame.join(owner, on="correlation_id", how="left", maintain_order="left")
         return frame
+
+    def gpu_tables_without_pid(self) -> list[str]:
+        """The GPU activity tables of the file that name no process (no ``globalPid`` column)."""
+        return [
+            t for t in (KERNEL, MEMCPY, MEMSET, GRAPH_TRACE) if t in self.tables and "globalPid" not in self.columns(t)
+        ]
+
+    def unnamed_ops_owner(self) -> int | pl.DataFrame:
+        """The process of the ops of a GPU table without ``globalPid`` (a hand-made or trimmed
+        export, e.g. nsys-ai's ``healthy_1pct``; nsys itself always writes it): the capture's one
+        process when it names exactly one (in its CUDA API calls, NVTX events or ``PROCESSES``),
+        pid 0 when it names none (every op is then one unnamed process's), else per op the
+        process of the API call with its correlation id (:data:`_OWNER_SCHEMA`, only the ids
+        that one process alone has). Without a process, an op could be attributed to no step,
+        and no step could be inferred from it nor drawn around it (issue 25)."""
+        if self._owner is not _UNSET:
+            return self._owner  # type: ignore[return-value]
+        pids: set[int] = set()
+        for table in (*self.api_tables(), NVTX):
+            if "globalTid" in self.columns(table):
+                quoted = table.replace('"', '""')
+                sql = (
+                    f'SELECT DISTINCT (globalTid >> 24) & 16777215 FROM "{quoted}" WHERE globalTid IS NOT NULL LIMIT 2'
+                )
+                pids.update(int(p) for (p,) in self.small(sql) if isinstance(p, int))
+        pids.update(int(p) for p in self.processes()["pid"].drop_nulls().to_list())
+        owner: int | pl.DataFrame
+        if len(pids) <= 1:
+            owner = next(iter(pids), 0)
+        else:
+            frames = [
+                self.bulk(
+                    table, [("correlation_id", "correlationId", _INT), ("pid", "(globalTid >> 24) & 16777215", _INT)]
+                )
+                for table in self.api_tables()
+                if {"correlationId", "globalTid"} <= self.columns(table)
+            ]
+            calls = pl.concat(frames) if frames else pl.DataFrame(schema=_OWNER_SCHEMA)
+            owner = (
+                calls.drop_nulls()
+                .group_by("correlation_id")
+                .agg(pl.col("pid").unique())
+                .filter(pl.col("pid").list.len() == 1)
+                .select("correlation_id", pl.col("pid").list.first())
+                .cast(_OWNER_SCHEMA)  # type: ignore[arg-type]
+            )
+        self._owner = owner
+        return owner
 
     def enum_names(self, table: str) -> dict[int, str]:
         if table not in self.tables or not {"id", "name"} <= self.columns(table):
