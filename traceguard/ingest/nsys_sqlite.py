@@ -278,6 +278,8 @@ class _Reader:
         self._adbc: Any = None
         #: :meth:`unnamed_ops_owner`, once found.
         self._owner: object = _UNSET
+        #: Table → text values read that were not UTF-8 (read with U+FFFD: :func:`valid_utf8`).
+        self.not_utf8: dict[str, int] = {}
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -317,7 +319,7 @@ class _Reader:
         for attempt in ("plain", "cast"):
             sql = self._select(table, spec, where, cast=attempt == "cast")
             try:
-                frame = self._fetch(sql, _INT_BATCH_ROWS if ints_only else _BATCH_ROWS)
+                frame = self._fetch(sql, _INT_BATCH_ROWS if ints_only else _BATCH_ROWS, table)
             except _ADBC_ERRORS as exc:
                 if attempt == "plain" and "type mismatch" in str(exc).lower():
                     continue
@@ -341,8 +343,10 @@ class _Reader:
         quoted = table.replace('"', '""')
         return f'SELECT {", ".join(parts)} FROM "{quoted}" {where}'
 
-    def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS) -> pl.DataFrame:
-        if _adbc is None:  # pragma: no cover
+    def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS, source: str = "") -> pl.DataFrame:
+        """The rows of ``sql``; text that is not UTF-8 (``source`` names its table in the notes)
+        is read with U+FFFD for the bad bytes (:func:`valid_utf8`)."""
+        if _adbc is None:  # pragma: no cover - the sqlite3 connection decodes leniently itself
             cursor = self.conn.execute(sql)
             names = [d[0] for d in cursor.description]
             return pl.DataFrame(cursor.fetchall(), schema=names, orient="row", infer_schema_length=None)
@@ -353,6 +357,9 @@ class _Reader:
             table = cursor.fetch_arrow_table()
         finally:
             cursor.close()
+        table, replaced = valid_utf8(table)
+        if replaced:
+            self.not_utf8[source] = self.not_utf8.get(source, 0) + replaced
         frame = pl.from_arrow(table, rechunk=False)
         assert isinstance(frame, pl.DataFrame)
         return frame
@@ -378,7 +385,7 @@ class _Reader:
             api_calls = model.empty(model.API_CALLS_SCHEMA)
             if not self.keep_correlation:  # a constant null column costs no memory
                 gpu_ops = gpu_ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
-        return model.Capture(
+        capture = model.Capture(
             info=info,
             gpu_ops=gpu_ops,
             api_calls=api_calls,
@@ -387,6 +394,19 @@ class _Reader:
             processes=self.processes(),
             strings=self.all_strings(strings),
         )
+        info.notes.extend(self.text_notes())
+        return capture
+
+    def text_notes(self) -> list[str]:
+        """What the read says about text that was not UTF-8 (none: nothing)."""
+        if not self.not_utf8:
+            return []
+        total = sum(self.not_utf8.values())
+        where = ", ".join(f"{table or 'a query'}: {count:,}" for table, count in sorted(self.not_utf8.items()))
+        return [
+            f"{total:,} text value{'s' if total != 1 else ''} ({where}) held bytes that are not UTF-8 "
+            "(a damaged file or a writer other than nsys): read with U+FFFD in place of those bytes"
+        ]
 
     def check_nsys(self) -> None:
         """Raise :class:`InputError` unless the file has nsys's tables."""
@@ -1139,6 +1159,47 @@ def _release_free_memory() -> None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
+
+
+def valid_utf8(table: Any) -> tuple[Any, int]:
+    """``table`` (Arrow) with every text value valid UTF-8, and how many were not.
+
+    SQLite stores TEXT as the writer gave it (and ``CAST(blob AS TEXT)`` keeps the blob's bytes),
+    ADBC hands such bytes on unchecked, and Polars takes them as a string column that later
+    panics in Rust (``PyObject pointer is null`` from ``to_dicts``) or fails at a string
+    operation. Each text chunk is validated in Arrow (C++, one pass); only a chunk that fails is
+    decoded in Python, its bad bytes replaced by U+FFFD."""
+    import pyarrow as pa
+
+    replaced = 0
+    columns = []
+    for column in table.columns:
+        kind = column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            columns.append(column)
+            continue
+        chunks = []
+        for chunk in column.chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid:
+                raw = chunk.view(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()).to_pylist()
+                text = []
+                for value in raw:
+                    if value is None:
+                        text.append(None)
+                        continue
+                    try:
+                        text.append(value.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        text.append(value.decode("utf-8", errors="replace"))
+                        replaced += 1
+                chunk = pa.array(text, type=kind)
+            chunks.append(chunk)
+        columns.append(pa.chunked_array(chunks, type=kind))
+    if not replaced:
+        return table, 0
+    return pa.Table.from_arrays(columns, names=table.column_names), replaced
 
 
 def scan_ints(db: Path, sql: str) -> pl.DataFrame:
