@@ -7,9 +7,9 @@ once; nothing else catches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 
 class TraceguardError(Exception):
@@ -86,15 +86,12 @@ class NativePanic(RuntimeError):
 
 def is_native_panic(exc: BaseException) -> bool:
     """``exc`` is a Rust panic that PyO3 turned into a Python exception."""
-    return type(exc).__name__ == "PanicException" and type(exc).__module__ in ("pyo3_runtime", "builtins")
+    return type(exc).__name__ == "PanicException" and type(exc).__module__ == "pyo3_runtime"
 
 
 def as_native_panic(exc: BaseException) -> NativePanic:
     text = " ".join(str(exc).split())[:300] or "no message"
     return NativePanic(f"a native library panicked ({type(exc).__module__}.{type(exc).__name__}: {text})")
-
-
-_T = TypeVar("_T")
 
 
 @contextmanager
@@ -106,15 +103,3 @@ def native_panics() -> Iterator[None]:
         if is_native_panic(exc):
             raise as_native_panic(exc) from exc
         raise
-
-
-def without_panics(function: Callable[..., _T]) -> Callable[..., _T]:
-    """``function`` with :func:`native_panics` around every call."""
-
-    def call(*args: Any, **kwargs: Any) -> _T:
-        with native_panics():
-            return function(*args, **kwargs)
-
-    call.__name__ = getattr(function, "__name__", "call")
-    call.__doc__ = function.__doc__
-    return call
