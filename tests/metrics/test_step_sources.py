@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -214,6 +215,83 @@ def test_each_convention_is_recognised(name: str, framework: str) -> None:
     resolved = resolve_steps(ranges, model.empty(model.GPU_OPS_SCHEMA), model.empty(model.STRINGS_SCHEMA))
     assert (resolved.source, resolved.convention) == ("convention", framework)
     assert resolved.steps.height == 2
+
+
+#: Hand-written per-step names (issue 25: `train_step N` got inferred steps): each word, case and
+#: separator the generic convention accepts.
+GENERIC_NAMES = [
+    "step 12",
+    "Step 12",
+    "step_12",
+    "step-12",
+    "step#12",
+    "step #12",
+    "step: 12",
+    "step=12",
+    "step12",
+    "train_step 3",
+    "train_step_3",
+    "train-step-3",
+    "Train Step 3",
+    "TRAIN_STEP #3",
+    "trainstep3",
+    "training_step 4",
+    "training step: 4",
+    "Training-Step-4",
+    "iteration 5",
+    "iteration5",
+    "Iteration: 5",
+    "iter_6",
+    "iter 6",
+    "ITER-6",
+    "batch#7",
+    "train_step 3, op_id = 41",  # under emit_nvtx
+]
+
+
+@pytest.mark.parametrize("name", GENERIC_NAMES)
+def test_hand_written_step_names_are_steps(name: str) -> None:
+    from traceguard import model
+
+    other = re.sub(r"\d+", lambda m: str(int(m.group()) + 1), name, count=1)
+    ranges = _ranges(name, "forward", other)
+    resolved = resolve_steps(ranges, model.empty(model.GPU_OPS_SCHEMA), model.empty(model.STRINGS_SCHEMA))
+    assert (resolved.source, resolved.convention) == ("convention", "generic")
+    assert resolved.steps["name"].to_list() == [name, other]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "train_step",
+        "steps 3",
+        "train_step 3 loss",
+        "step_size 3",
+        "iterator 3",
+        "stepper 1",
+        "step 3/10",
+        "my step 3",
+        "step__3",
+        "training_steps 3",
+    ],
+)
+def test_names_that_only_look_like_steps_are_not(name: str) -> None:
+    from traceguard import model
+
+    resolved = resolve_steps(_ranges(name, name), model.empty(model.GPU_OPS_SCHEMA), model.empty(model.STRINGS_SCHEMA))
+    assert resolved.source is None
+
+
+def test_megatron_bridge_keeps_its_own_name() -> None:
+    """`training_step_N` is Megatron-Bridge's marker (tried before the generic one)."""
+    from traceguard import model
+
+    resolved = resolve_steps(
+        _ranges("training_step_1", "training_step_2"),
+        model.empty(model.GPU_OPS_SCHEMA),
+        model.empty(model.STRINGS_SCHEMA),
+    )
+    assert resolved.convention == "Megatron-Bridge"
 
 
 def test_conventions_never_match_whole_loop_ranges() -> None:
