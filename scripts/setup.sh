@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+# apt_get: waits while another package manager run holds the dpkg/apt locks, and says so.
+source scripts/apt.sh
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
@@ -19,7 +21,7 @@ fi
 # The nsys reader's C loop (traceguard/ingest/_int_scan.c) builds against SQLite's header; without
 # it the package still installs and reads through ADBC, only slower.
 if [ ! -f /usr/include/sqlite3.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libsqlite3-dev >/dev/null
+  apt_get update -qq && apt_get install -y -qq gcc libsqlite3-dev >/dev/null
 fi
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
@@ -30,7 +32,7 @@ fi
 # Chromium for the browser tests of the HTML report (Playwright drives the system browser).
 if [ "${TRACEGUARD_SKIP_BROWSER:-0}" != 1 ] && [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] \
    && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  apt_get update -qq && apt_get install -y -qq chromium >/dev/null
 fi
 
 # Nsight Systems (NSYS.md): Debian ships 2022.4 in non-free; the real-capture tests run it.
@@ -40,8 +42,8 @@ if [ "${TRACEGUARD_SKIP_NSYS:-0}" != 1 ] && ! command -v nsys >/dev/null 2>&1; t
     if [ -f "$src" ]; then
       sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' "$src"
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nsight-systems >/dev/null
+    apt_get update -qq
+    apt_get install -y -qq nsight-systems >/dev/null
   else
     echo "note: nsys is not installed and this user cannot apt-get it; the real-capture tests need it" >&2
   fi

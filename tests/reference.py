@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-STEP_PATTERNS = (re.compile(r"(?i)^(batch|step|iteration)[ _#]?\d+$"), re.compile(r"^ProfilerStep#\d+$"))
+STEP_PATTERNS = (
+    re.compile(r"(?i)^(batch|step|train(ing)?[ _-]?step|iteration|iter)\s*[_:=#-]?\s*#?\d+$"),
+    re.compile(r"^ProfilerStep#\d+$"),
+)
 DTOH = {"DtoH", "unified_DtoH"}
 _NSYS_COPY = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 12: "unified_DtoH"}
 
@@ -52,38 +55,56 @@ class Raw:
     facts: dict = field(default_factory=dict)
 
 
+def _process_of_ops(db: sqlite3.Connection, tables: set[str]) -> tuple[int | None, dict[int, int]]:
+    """For GPU tables without ``globalPid`` (docs/steps.md): the capture's only process, or else
+    correlation id → the process of the runtime calls with that id (one process only)."""
+    pids: set[int] = set()
+    by_correlation: dict[int, set[int]] = defaultdict(set)
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        for gtid, corr in db.execute("SELECT globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+            if gtid is not None:
+                pids.add((gtid >> 24) & 0xFFFFFF)
+                if corr is not None:
+                    by_correlation[corr].add((gtid >> 24) & 0xFFFFFF)
+    if "NVTX_EVENTS" in tables:
+        pids |= {(g >> 24) & 0xFFFFFF for (g,) in db.execute("SELECT globalTid FROM NVTX_EVENTS") if g is not None}
+    if len(pids) <= 1:
+        return (next(iter(pids)) if pids else 0), {}
+    return None, {corr: next(iter(p)) for corr, p in by_correlation.items() if len(p) == 1}
+
+
 def read_nsys(path: Path) -> Raw:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     strings = dict(db.execute("SELECT id, value FROM StringIds"))
+    only, by_correlation = _process_of_ops(db, tables)
     ops: list[Op] = []
+
+    def rows(table: str, columns: str) -> list[tuple]:
+        has_pid = any(c[1] == "globalPid" for c in db.execute(f"PRAGMA table_info({table})"))
+        found = db.execute(f"SELECT {'globalPid' if has_pid else 'NULL'}, {columns} FROM {table}").fetchall()
+        out = []
+        for gpid, *rest in found:
+            corr = rest[3]
+            pid = (gpid >> 24) & 0xFFFFFF if has_pid else (only if only is not None else by_correlation.get(corr))
+            out.append((pid, *rest))
+        return out
+
     if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-        for start, end, dev, gpid, corr, short in db.execute(
-            "SELECT start, end, deviceId, globalPid, correlationId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+        for pid, start, end, dev, corr, short in rows(
+            "CUPTI_ACTIVITY_KIND_KERNEL", "start, end, deviceId, correlationId, shortName"
         ):
-            ops.append(Op((gpid >> 24) & 0xFFFFFF, dev, "kernel", start, end, strings.get(short, ""), corr))
+            ops.append(Op(pid, dev, "kernel", start, end, strings.get(short, ""), corr))
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
-        for start, end, dev, gpid, corr, kind, nbytes in db.execute(
-            "SELECT start, end, deviceId, globalPid, correlationId, copyKind, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY"
+        for pid, start, end, dev, corr, kind, nbytes in rows(
+            "CUPTI_ACTIVITY_KIND_MEMCPY", "start, end, deviceId, correlationId, copyKind, bytes"
         ):
-            ops.append(
-                Op(
-                    (gpid >> 24) & 0xFFFFFF,
-                    dev,
-                    "memcpy",
-                    start,
-                    end,
-                    "memcpy",
-                    corr,
-                    _NSYS_COPY.get(kind, str(kind)),
-                    nbytes,
-                )
-            )
+            ops.append(Op(pid, dev, "memcpy", start, end, "memcpy", corr, _NSYS_COPY.get(kind, str(kind)), nbytes))
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        for start, end, dev, gpid, corr, nbytes in db.execute(
-            "SELECT start, end, deviceId, globalPid, correlationId, bytes FROM CUPTI_ACTIVITY_KIND_MEMSET"
+        for pid, start, end, dev, corr, nbytes in rows(
+            "CUPTI_ACTIVITY_KIND_MEMSET", "start, end, deviceId, correlationId, bytes"
         ):
-            ops.append(Op((gpid >> 24) & 0xFFFFFF, dev, "memset", start, end, "memset", corr, None, nbytes))
+            ops.append(Op(pid, dev, "memset", start, end, "memset", corr, None, nbytes))
     launches: dict[tuple[int, int], int] = {}
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         for start, gtid, corr in db.execute("SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):

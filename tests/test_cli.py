@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -445,3 +446,14 @@ def test_installed_script_version() -> None:
     proc = _run_cli("--version")
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"traceguard {__version__}"
+
+
+def test_check_table_shows_no_bare_number_for_capture_health() -> None:
+    """Issue 25: the capture_health row read `0` beside its message. The CLI table has check,
+    status and detail; capture_health's row holds no cell that is a bare number."""
+    result = _invoke("check", P2P_NSYS, "--profile", "h200-nvlink")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "capture_health" in line)
+    cells = [cell.strip() for cell in row.strip().strip("│").split("│")]
+    assert cells[:2] == ["capture_health", "pass"] and cells[2].startswith("2 rank(s): ")
+    assert not any(re.fullmatch(r"\d+(\.\d+)?", cell) for cell in cells), cells

@@ -7,6 +7,8 @@ once; nothing else catches them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -67,3 +69,37 @@ class NoUsableInputError(TraceguardError):
     """Every input failed: there is nothing to analyse."""
 
     code = "no_usable_input"
+
+
+class NativePanic(RuntimeError):
+    """A native library (Polars, through PyO3) panicked: a bug, in traceguard or in the library,
+    raised as an ordinary exception so that it is handled as one.
+
+    PyO3 raises a panic as ``pyo3_runtime.PanicException``, a ``BaseException`` (so that bare
+    ``except Exception`` blocks do not swallow it): it slipped past every handler that reports a bug
+    in one line (the CLI's exit code 3, the service's job error), and its class, from a module that
+    cannot be imported, does not cross a process pool's pickling."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def is_native_panic(exc: BaseException) -> bool:
+    """``exc`` is a Rust panic that PyO3 turned into a Python exception."""
+    return type(exc).__name__ == "PanicException" and type(exc).__module__ == "pyo3_runtime"
+
+
+def as_native_panic(exc: BaseException) -> NativePanic:
+    text = " ".join(str(exc).split())[:300] or "no message"
+    return NativePanic(f"a native library panicked ({type(exc).__module__}.{type(exc).__name__}: {text})")
+
+
+@contextmanager
+def native_panics() -> Iterator[None]:
+    """Re-raise a native panic inside the block as :class:`NativePanic` (its traceback kept as the cause)."""
+    try:
+        yield
+    except BaseException as exc:
+        if is_native_panic(exc):
+            raise as_native_panic(exc) from exc
+        raise

@@ -53,7 +53,7 @@ from typing import Any
 
 import polars as pl
 
-from traceguard.errors import InputError, TraceguardError
+from traceguard.errors import InputError, TraceguardError, native_panics
 from traceguard.ingest import (
     GZIP_MAGIC,
     SQLITE_MAGIC,
@@ -262,7 +262,14 @@ def _sliced_source(path: Path, options: MapOptions) -> Path | None:
 
 def map_input(task: MapTask) -> MapOutcome:
     """The map step of one input (module docstring). Errors of the input become its record's
-    ``error``; any other exception is a bug and propagates."""
+    ``error``; any other exception is a bug and propagates, a native library's panic as
+    :class:`~traceguard.errors.NativePanic` (an ordinary exception, which a process pool can
+    send back)."""
+    with native_panics():
+        return _map_input(task)
+
+
+def _map_input(task: MapTask) -> MapOutcome:
     spec = task.spec
     record = InputRecord(path=str(spec.path))
     outcome = MapOutcome(task.index, record)

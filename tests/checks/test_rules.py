@@ -295,6 +295,23 @@ def test_capture_health_passes_with_gpu_ops_ranges_and_steps() -> None:
     assert "2000 GPU ops" in check.message and "6 steps" in check.message
 
 
+@pytest.mark.parametrize(
+    ("ranks", "shown"),
+    [
+        (({}, {}), "0 problems found"),
+        (({}, {"steps": 0}), "1 problem found"),
+        (({"steps": 0}, {"steps": 0}), "2 problems found"),
+    ],
+)
+def test_capture_health_value_is_the_problems_found_and_reads_so(ranks: tuple[dict, ...], shown: str) -> None:
+    """Issue 25: its value (the number of problems) was rendered as a bare `0`."""
+    from traceguard.checks.rules import format_value
+
+    check = _health(*ranks)
+    assert check.value == len(check.evidence) and check.unit == "problems"
+    assert format_value(check.value, check.unit) == shown
+
+
 def test_capture_health_fails_when_no_rank_has_gpu_ops_or_ranges() -> None:
     empty = {"gpu_ops": 0, "ranges": 0, "steps": 0, "default_domain_ranges": 0}
     check = _health(empty, empty)

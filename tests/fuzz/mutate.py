@@ -1,7 +1,7 @@
 """Mutators for the fuzz suite: each takes a real input and a seeded ``random.Random`` and returns
 a damaged copy (bytes flipped, truncated, duplicated, zeroed, non-UTF-8 inserted; JSON values
 replaced or removed; text lines dropped, repeated or garbled; SQLite cells replaced, tables and
-columns dropped, schema text made non-UTF-8). Deterministic for a given seed."""
+columns dropped, schema text and string columns made non-UTF-8). Deterministic for a given seed."""
 
 from __future__ import annotations
 
@@ -208,6 +208,45 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
     return [r[0].decode("utf-8", "replace") for r in rows]
 
 
+def string_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(table, column) of every column that holds text in some row, or is declared TEXT: every
+    string-bearing column of the export (StringIds, NVTX text, TARGET_INFO names, metadata, enums)."""
+    found = []
+    for table in _tables(conn):
+        if table.startswith("sqlite_"):
+            continue
+        quoted = table.replace('"', '""')
+        for _, name, declared, *_ in conn.execute(f'PRAGMA table_info("{quoted}")'):
+            column = name.decode() if isinstance(name, bytes) else name
+            kind = (declared.decode() if isinstance(declared, bytes) else declared or "").upper()
+            col = column.replace('"', '""')
+            holds_text = conn.execute(f'SELECT 1 FROM "{quoted}" WHERE typeof("{col}") = \'text\' LIMIT 1').fetchone()
+            if holds_text or "TEXT" in kind or "CHAR" in kind:
+                found.append((table, column))
+    return found
+
+
+#: How text that is not UTF-8 gets into an export: bytes appended to a TEXT value (a writer that
+#: does not validate), or the cell replaced by the BLOB x'00ff' (issue 25: a damaged file).
+NOT_UTF8_VARIANTS = ("appended", "replaced")
+
+
+def inject_not_utf8(conn: sqlite3.Connection, variant: str, columns: list[tuple[str, str]], every: int = 1) -> int:
+    """Make the text of ``columns`` not UTF-8 in every ``every``-th row (by rowid); returns the
+    cells changed."""
+    changed = 0
+    for table, column in columns:
+        quoted, col = table.replace('"', '""'), column.replace('"', '""')
+        value = f"CAST(CAST(\"{col}\" AS BLOB) || x'ff' AS TEXT)" if variant == "appended" else "x'00ff'"
+        rows = f"rowid % {every} = 0 AND " if every > 1 else ""
+        try:
+            cursor = conn.execute(f'UPDATE "{quoted}" SET "{col}" = {value} WHERE {rows}typeof("{col}") = \'text\'')
+        except sqlite3.IntegrityError:  # a UNIQUE text column: bytes appended to every value stay unique
+            continue
+        changed += cursor.rowcount
+    return changed
+
+
 def mutate_sqlite(source: Path, target: Path, rng: random.Random) -> str:
     """Write a damaged copy of the SQLite file ``source`` to ``target``; returns what was done."""
     if rng.random() < 0.35:
@@ -219,9 +258,16 @@ def mutate_sqlite(source: Path, target: Path, rng: random.Random) -> str:
     conn.text_factory = bytes
     try:
         tables = _tables(conn)
-        how = rng.choice(("cells", "cells", "cells", "drop_table", "empty_table", "drop_column", "schema_text"))
+        how = rng.choice(
+            ("cells", "cells", "cells", "drop_table", "empty_table", "drop_column", "schema_text", "strings_not_utf8")
+        )
         table = rng.choice(tables)
         quoted = table.replace('"', '""')
+        if how == "strings_not_utf8":  # issue 25: text that is not UTF-8 in a string column
+            columns = string_columns(conn)
+            picked = rng.sample(columns, min(len(columns), rng.choice((1, 3, len(columns) or 1))))
+            inject_not_utf8(conn, rng.choice(NOT_UTF8_VARIANTS), picked, rng.choice((1, 2, 7)))
+            return f"sqlite_{how}"
         if how == "cells":
             columns = [r[1].decode() for r in conn.execute(f'PRAGMA table_info("{quoted}")')]
             count = conn.execute(f'SELECT count(*) FROM "{quoted}"').fetchone()[0]

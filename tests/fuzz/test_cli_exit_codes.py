@@ -103,3 +103,39 @@ def test_an_os_error_naming_a_file_is_exit_2(
     err = capsys.readouterr().err
     assert code == 2
     assert "error: /data/cache/x.sqlite: Permission denied" in err and "bug" not in err
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # PyO3 prints the cause
+def test_a_native_panic_is_exit_3_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25: a Polars panic (a ``BaseException``) went past the bug handler: a traceback and
+    exit 1, the code of a failed check. It is a bug like any other: exit 3, one line."""
+    from tests.fuzz.panic import native_panic
+    from traceguard.metrics import rank
+
+    monkeypatch.setattr(rank, "_offenders", native_panic)
+    code = cli.run(["check", "--scheduler", "serial", str(public_kineto("nccl_data"))])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_BUG == 3
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: this is a bug in traceguard: NativePanic: a native library panicked ")
+    assert "pyo3_runtime.PanicException" in lines[-1] and lines[-1].endswith("rerun with --debug for the traceback")
+
+
+def test_a_native_panic_in_the_map_crosses_a_process_pool_as_a_bug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The map step turns a panic into :class:`NativePanic`, an exception a process pool pickles
+    back (the panic's own class lives in ``pyo3_runtime``, which cannot be imported to unpickle
+    it). Here a real pool worker (spawned, ``--scheduler local``) panics in the offenders table."""
+    from tests.conftest import REPO
+    from tests.fuzz.panic import SITECUSTOMIZE
+    from traceguard.errors import NativePanic
+    from traceguard.pipeline import analyze
+
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
+    with pytest.raises(NativePanic, match=r"a native library panicked \(pyo3_runtime.PanicException: "):
+        analyze([str(public_kineto(f"sampled_rank-{r}")) for r in (0, 1)], scheduler="local", jobs=2)

@@ -304,3 +304,26 @@ def test_bare_event_array_and_gzip_sniffed_by_content(tmp_path: Path) -> None:
     op = read_kineto(path, source_path="s3://bucket/trace").gpu_ops.row(0, named=True)
     assert (op["copy_kind"], op["src_kind"], op["dst_kind"]) == ("PtoP", "device", "device")
     assert (op["start"], op["end"], op["bytes"], op["pid"]) == (1001, 1251, 64, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "repaired", "count"),
+    [
+        (b'["a\\udc00b"]', ["a\ufffdb"], 1),  # a lone low surrogate
+        (b'["a\\ud800"]', ["a\ufffd"], 1),  # a high one at the end of a string
+        (b'["a\\ud800\\u0041"]', ["a\ufffdA"], 1),  # a high one before a non-surrogate
+        (b'["\\ud83d\\ude00"]', ["\U0001f600"], 0),  # a pair is one character: kept
+        (b'["x\\\\ud800"]', ["x\\ud800"], 0),  # an escaped backslash, then text: kept
+        (b'["x\\\\\\ud800"]', ["x\\\ufffd"], 1),  # an escaped backslash, then a lone surrogate
+        (b'["\\ud800\\ud800\\udc00"]', ["\ufffd\U00010000"], 1),
+        (b'["a\xffb", "\xef\xbf\xbd"]', ["a\ufffdb", "\ufffd"], 1),  # raw bytes; a real U+FFFD is not counted
+    ],
+)
+def test_strings_that_are_not_utf8_are_repaired(raw: bytes, repaired: list[str], count: int) -> None:
+    """Issue 25: one bad string made the whole trace unreadable; now each is read with U+FFFD."""
+    import msgspec
+
+    from traceguard.ingest.kineto import utf8_json
+
+    fixed, replaced = utf8_json(raw)
+    assert msgspec.json.decode(fixed) == repaired and replaced == count

@@ -28,6 +28,7 @@ VERSIONS = {
     "mfu_2gpu_before": ("2026.2.1", "3.25.0"),
     "h100_2gpu_1s": ("2026.2.1", "3.25.0"),
     "mock": ("2026.1.1", "3.24.14"),
+    "healthy_1pct": ("2026.1.1", "3.24.14"),
     "at_ee4fcf3": ("2025.1.1", "3.17.1"),
     "at_8fa9ec2": ("2024.6.2", "3.16.1"),
     "cloverleaf": ("2024.5.1", "3.13.2"),
@@ -111,11 +112,20 @@ class Truth:
         ).fetchone()[0]
 
     def gpu_pids(self) -> set[int]:
+        """The processes of the GPU ops: their ``globalPid``, or for a table without one (nsys-ai's
+        healthy_1pct) the processes of the runtime calls with the ops' correlation ids."""
         pids: set[int] = set()
         for kind in ("KERNEL", "MEMCPY", "MEMSET"):
             table = f"CUPTI_ACTIVITY_KIND_{kind}"
             if table in self.tables:
-                sql = f"SELECT DISTINCT (globalPid >> 24) & 16777215 FROM {table}"
+                columns = {c for (_, c, *_) in self.conn.execute(f"PRAGMA table_info({table})")}
+                if "globalPid" in columns:
+                    sql = f"SELECT DISTINCT (globalPid >> 24) & 16777215 FROM {table}"
+                else:
+                    sql = (
+                        f"SELECT DISTINCT (r.globalTid >> 24) & 16777215 FROM {table} g "
+                        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = g.correlationId"
+                    )
                 pids |= {p for (p,) in self.conn.execute(sql)}
         return pids
 
@@ -153,8 +163,10 @@ def test_counts_match_sql(gz: Path, unpacked) -> None:
         }
         assert set(cap.api_calls["pid"].unique().to_list()) == api_pids
     if "TARGET_INFO_GPU" in truth.tables:
+        columns = {c for (_, c, *_) in truth.conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
+        device = "COALESCE(cuDevice, id)" if "cuDevice" in columns else "id"  # healthy_1pct: id, name
         assert cap.devices.height == truth.scalar(
-            "SELECT count(DISTINCT COALESCE(cuDevice, id)) FROM TARGET_INFO_GPU", "TARGET_INFO_GPU"
+            f"SELECT count(DISTINCT {device}) FROM TARGET_INFO_GPU", "TARGET_INFO_GPU"
         )
     else:
         assert cap.devices.height == 0
@@ -167,7 +179,12 @@ def test_schema_versions_and_shape(gz: Path, unpacked) -> None:
     assert cap.info.tool_version is not None and cap.info.tool_version.startswith(product)
     assert cap.info.schema_version == schema
     assert cap.info.format == "nsys-sqlite" and cap.info.tool == "nsys"
-    assert cap.info.host
+    truth = Truth(unpacked(gz))
+    named_host = truth.scalar(
+        "SELECT count(*) FROM META_DATA_EXPORT WHERE name = 'EXPORT_HOST'", "META_DATA_EXPORT"
+    ) + truth.scalar("SELECT count(*) FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'", "TARGET_INFO_SYSTEM_ENV")
+    named_host += truth.scalar("SELECT count(*) FROM EXPORT_META_DATA WHERE name = 'EXPORT_HOST'", "EXPORT_META_DATA")
+    assert bool(cap.info.host) == bool(named_host)  # healthy_1pct names no host
     for frame, schema_ in (
         (cap.gpu_ops, model.GPU_OPS_SCHEMA),
         (cap.api_calls, model.API_CALLS_SCHEMA),

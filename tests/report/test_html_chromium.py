@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import OWN
+from traceguard.checks.rules import format_value
 from traceguard.pipeline import analyze
 from traceguard.report import html
 
@@ -137,6 +138,10 @@ def test_html_report_renders_in_chromium(browser, report_page, unpacked, tmp_pat
             assert row.get_attribute("data-check") == check["id"]
             assert row.locator("td").nth(0).inner_text().strip() == check["id"]
             assert row.locator(".status").inner_text().strip() == check["status"]
+            # What the check judged, in words (capture_health read a bare "0": issue 25).
+            assert row.locator("td").nth(2).inner_text().strip() == format_value(check["value"], check["unit"])
+        health = page.locator("#checks tr[data-check='capture_health'] td").nth(2).inner_text().strip()
+        assert health == "0 problems found"
         assert page.locator("h1 .verdict").inner_text().strip() == report["verdict"].upper()
 
         shot = tmp_path / "report.png"

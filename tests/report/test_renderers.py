@@ -225,6 +225,64 @@ def test_html_escapes_text_from_the_captures(reports: dict[str, dict]) -> None:
     _parse(text)
 
 
+# ---------------------------------------------------------------- capture_health's value (issue 25)
+
+
+def _check_cells_markdown(text: str, check: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{check}` |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def _check_cells_html(text: str, check: str) -> list[str]:
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside = False
+            self.cells: list[str] = []
+            self.depth = 0
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "tr" and dict(attrs).get("data-check") == check:
+                self.inside = True
+            elif self.inside and tag == "td":
+                self.depth += 1
+                if self.depth == 1:
+                    self.cells.append("")
+
+        def handle_endtag(self, tag: str) -> None:
+            if self.inside and tag == "td":
+                self.depth -= 1
+            elif tag == "tr":
+                self.inside = False
+
+        def handle_data(self, data: str) -> None:
+            if self.inside and self.depth and self.cells:
+                self.cells[-1] += data
+
+    parser = Cells()
+    parser.feed(text)
+    return [c.strip() for c in parser.cells]
+
+
+@pytest.mark.parametrize("name", ["p2p", "nosteps"])
+def test_capture_health_value_says_what_it_counts(reports: dict[str, dict], name: str) -> None:
+    """It showed a bare `0` beside "2 rank(s): 12086 GPU ops, 40 ranges, 6 steps". The value is the
+    number of problems the check found, and the page says so; Markdown shows no value cell."""
+    report = reports[name]
+    check = next(c for c in report["checks"] if c["id"] == "capture_health")
+    problems = len(check["evidence"])
+    assert check["value"] == problems and check["unit"] == "problems"
+    expected = {0: "0 problems found", 1: "1 problem found"}.get(problems, f"{problems} problems found")
+    cells = _check_cells_html(html.render(report), "capture_health")
+    assert cells[0] == "capture_health" and cells[1] == check["status"]
+    assert cells[2] == expected
+    markdown_cells = _check_cells_markdown(markdown.render(report), "capture_health")
+    assert markdown_cells[0] == "`capture_health`" and len(markdown_cells) == 3
+    assert not any(re.fullmatch(r"\d+(\.\d+)?", cell) for cell in markdown_cells), markdown_cells
+    if name == "p2p":
+        assert problems == 0 and check["message"].startswith("2 rank(s): ")
+
+
 # ---------------------------------------------------------------- the JSON contract everywhere
 
 PUBLIC = PUBLIC_NSYS + PUBLIC_KINETO

@@ -50,7 +50,8 @@ class CheckResult:
     reason: str | None
     evidence: list[dict[str, Any]] = field(default_factory=list)
     remedy: str | None = None
-    #: How ``value`` reads: "share" (fraction), "ratio", "count" or "us".
+    #: How ``value`` reads: "share" (fraction), "ratio", "count", "us" or "problems" (the number of
+    #: problems a check found in the capture, shown as such: ``capture_health``).
     unit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +108,8 @@ def format_value(value: float | None, unit: str | None) -> str:
         return f"{value:.3f}×"
     if unit == "count":
         return f"{value:g}"
+    if unit == "problems":  # a bare "0" beside "2 rank(s): 12086 GPU ops, ..." means nothing
+        return f"{value:g} problem{'' if value == 1 else 's'} found"
     if unit == "us":
         return f"{value:.2f} µs"
     return f"{value:.4g}"
@@ -920,7 +923,7 @@ def _short_of_floor(
 
 def capture_health(result: RunResult, config: RuleConfig) -> CheckResult:
     """Fail: nothing usable. Warn: no steps, NVTX domains without ranges, clock anomalies."""
-    base = dict(id=CAPTURE_HEALTH, title="Capture health", warn=None, fail=None, op=None, unit="count")
+    base = dict(id=CAPTURE_HEALTH, title="Capture health", warn=None, fail=None, op=None, unit="problems")
     if not config.enabled:
         return CheckResult(
             **base,

@@ -38,7 +38,7 @@ from rich.markup import escape
 # Importing the command modules registers their commands on `app`, in the order `--help` lists them.
 from traceguard.cli import analysis, common, harness, nccl, runs, service
 from traceguard.cli.common import app, debugging
-from traceguard.errors import TraceguardError
+from traceguard.errors import TraceguardError, as_native_panic, is_native_panic
 
 __all__ = ["EXIT_BUG", "EXIT_CHECK_FAILED", "EXIT_INPUT", "analysis", "app", "console_main", "harness", "nccl"]
 __all__ += ["runs", "service"]
@@ -83,13 +83,19 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     except Exception as exc:
         return _bug(exc)
+    except BaseException as exc:  # a native library's panic (PyO3 raises it as a BaseException)
+        if is_native_panic(exc):
+            return _bug(exc)
+        raise
 
 
 def _bug(exc: BaseException) -> int:
-    """A bug: one line and its own exit code (the traceback under ``--debug``)."""
+    """A bug: one line and its own exit code (the traceback under ``--debug``). A native
+    library's panic is one too, named as such."""
     if debugging():
         traceback.print_exception(exc)
-    sys.stderr.write(bug_message(exc) + "\n")
+    shown = as_native_panic(exc) if is_native_panic(exc) else exc
+    sys.stderr.write(bug_message(shown) + "\n")
     return EXIT_BUG
 
 

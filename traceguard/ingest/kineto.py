@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 import zlib
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
@@ -178,9 +179,58 @@ def read_kineto(path: Path, *, source_path: str | None = None) -> Capture:
     """Read one Kineto trace into the normalized model; every failure is an :class:`InputError`."""
     shown = source_path or str(path)
     data = _read_bytes(Path(path), shown)
-    events, top = _decode(data, shown)
+    repaired = 0
+    try:
+        events, top = _decode(data, shown, repairable=True)
+    except _NotUtf8:
+        data, repaired = utf8_json(data)
+        events, top = _decode(data, shown)
     del data  # the raw ts/dur slices keep only what they reference alive
-    return _normalize(events, top, shown)
+    capture = _normalize(events, top, shown)
+    if repaired:
+        capture.info.notes.append(
+            f"{repaired:,} string value{'s' if repaired != 1 else ''} held bytes that are not UTF-8 or lone "
+            "UTF-16 surrogates (a damaged file, or a writer that escaped undecodable bytes): read with U+FFFD "
+            "in their place"
+        )
+    return capture
+
+
+class _NotUtf8(Exception):
+    """The JSON's strings are not all text: :func:`utf8_json` repairs them."""
+
+
+#: A ``\uXXXX`` escape of a UTF-16 surrogate after a run of backslashes (an even run is an escaped
+#: backslash, then text): a high one with its low partner, or either alone.
+_SURROGATE = re.compile(
+    rb"(\\+)u([dD][89abAB][0-9a-fA-F]{2})(?:\\u([dD][c-fC-F][0-9a-fA-F]{2}))?|(\\+)u([dD][c-fC-F][0-9a-fA-F]{2})"
+)
+_FFFD = "\ufffd".encode()
+
+
+def utf8_json(data: bytes) -> tuple[bytes, int]:
+    """``data`` with each byte sequence that is not UTF-8, and each escaped UTF-16 surrogate
+    without its partner (``"\udcff"``: what Python's ``json.dumps`` writes for a string decoded
+    from bytes with ``surrogateescape``), replaced by U+FFFD; and how many were. Only a trace that
+    failed to decode for either reason gets here: msgspec refuses both, and one bad name made the
+    whole trace unreadable."""
+    text = data.decode("utf-8", errors="replace").encode("utf-8")
+    count = text.count(_FFFD) - data.count(_FFFD)
+
+    def unpaired(match: re.Match[bytes]) -> bytes:
+        nonlocal count
+        slashes, high, low = match.group(1) or match.group(4), match.group(2), match.group(3)
+        if len(slashes) % 2 == 0:  # not an escape; only a low escape right after it can be one
+            if low is None:
+                return match.group(0)
+            count += 1
+            return match.group(0)[: -len(low) - 2] + rb"\ufffd"
+        if high is not None and low is not None:
+            return match.group(0)  # a pair: one character
+        count += 1
+        return slashes + b"ufffd"
+
+    return _SURROGATE.sub(unpaired, text), count
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +257,10 @@ def _read_bytes(path: Path, shown: str) -> bytes:
     return raw
 
 
-def _decode(data: bytes, shown: str) -> tuple[list[_Event], _Trace]:
-    """Decode the trace; a JSON array is a bare event list. Non-object events are skipped."""
+def _decode(data: bytes, shown: str, *, repairable: bool = False) -> tuple[list[_Event], _Trace]:
+    """Decode the trace; a JSON array is a bare event list. Non-object events are skipped. Text
+    that is not UTF-8 raises :class:`_NotUtf8` when ``repairable`` (:func:`read_kineto` repairs it
+    and decodes again), else :class:`InputError`."""
     is_array = data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"["
     try:
         try:
@@ -245,13 +297,17 @@ def _decode(data: bytes, shown: str) -> tuple[list[_Event], _Trace]:
         if raws and not events:
             raise _not_a_trace(shown, "none of its entries is a trace event object")
         return events, top
-    except UnicodeDecodeError as exc:  # msgspec decodes strings strictly
+    except UnicodeDecodeError as exc:  # msgspec decodes strings strictly: read_kineto repairs them
+        if repairable:
+            raise _NotUtf8 from exc
         raise InputError(
             f"{shown}: not UTF-8 JSON (a string holds bytes that are not UTF-8: {exc.reason}); "
             "the file is damaged or not a trace.",
             hint="re-export the trace, or check that the copy finished",
         ) from exc
     except msgspec.DecodeError as exc:
+        if repairable and ("surrogate" in str(exc) or _SURROGATE.search(data)):  # lone surrogates: repaired too
+            raise _NotUtf8 from exc
         raise InputError(
             f"{shown}: not valid JSON ({exc}); the file is probably truncated or not a trace.",
             hint="re-export the trace, or check that the copy finished",

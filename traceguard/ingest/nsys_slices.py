@@ -203,7 +203,7 @@ class SlicedNsys:
             info = reader.info(domains)
             self._graph_ops()  # names the graphs (reader.graph_strings)
             ranges = reader.ranges(self._strings, domains)
-            return model.Capture(
+            capture = model.Capture(
                 info=info,
                 gpu_ops=model.empty({**model.GPU_OPS_SCHEMA, **model.LAUNCH_SCHEMA}),
                 api_calls=model.empty(model.API_CALLS_SCHEMA),
@@ -212,6 +212,8 @@ class SlicedNsys:
                 processes=reader.processes(),
                 strings=reader.all_strings(self._strings),
             )
+            info.notes.extend(reader.text_notes())  # the GPU tables hold no text
+            return capture
 
     def _graph_ops(self) -> pl.DataFrame:
         """The CUDA graph executions the whole read keeps, conformed (empty when none). An

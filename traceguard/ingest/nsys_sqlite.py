@@ -163,6 +163,9 @@ _INT = "int"
 _TEXT = "text"
 _BLOB = "blob"
 _DTYPES: dict[str, pl.DataType] = {_INT: pl.Int64(), _TEXT: pl.String(), _BLOB: pl.Binary()}
+#: Per correlation id, the process of the CUDA API call with that id (:meth:`_Reader.unnamed_ops_owner`).
+_OWNER_SCHEMA: dict[str, pl.DataType] = {"correlation_id": pl.Int64(), "pid": pl.Int64()}
+_UNSET = object()
 
 
 class TooManyRows(InputError):
@@ -273,6 +276,10 @@ class _Reader:
         self.tables = real_tables(conn)
         self._columns: dict[str, set[str]] = {}
         self._adbc: Any = None
+        #: :meth:`unnamed_ops_owner`, once found.
+        self._owner: object = _UNSET
+        #: Table → text values read that were not UTF-8 (read with U+FFFD: :func:`valid_utf8`).
+        self.not_utf8: dict[str, int] = {}
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -312,7 +319,7 @@ class _Reader:
         for attempt in ("plain", "cast"):
             sql = self._select(table, spec, where, cast=attempt == "cast")
             try:
-                frame = self._fetch(sql, _INT_BATCH_ROWS if ints_only else _BATCH_ROWS)
+                frame = self._fetch(sql, _INT_BATCH_ROWS if ints_only else _BATCH_ROWS, table)
             except _ADBC_ERRORS as exc:
                 if attempt == "plain" and "type mismatch" in str(exc).lower():
                     continue
@@ -336,8 +343,10 @@ class _Reader:
         quoted = table.replace('"', '""')
         return f'SELECT {", ".join(parts)} FROM "{quoted}" {where}'
 
-    def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS) -> pl.DataFrame:
-        if _adbc is None:  # pragma: no cover
+    def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS, source: str = "") -> pl.DataFrame:
+        """The rows of ``sql``; text that is not UTF-8 (``source`` names its table in the notes)
+        is read with U+FFFD for the bad bytes (:func:`valid_utf8`)."""
+        if _adbc is None:  # pragma: no cover - the sqlite3 connection decodes leniently itself
             cursor = self.conn.execute(sql)
             names = [d[0] for d in cursor.description]
             return pl.DataFrame(cursor.fetchall(), schema=names, orient="row", infer_schema_length=None)
@@ -348,6 +357,9 @@ class _Reader:
             table = cursor.fetch_arrow_table()
         finally:
             cursor.close()
+        table, replaced = valid_utf8(table)
+        if replaced:
+            self.not_utf8[source] = self.not_utf8.get(source, 0) + replaced
         frame = pl.from_arrow(table, rechunk=False)
         assert isinstance(frame, pl.DataFrame)
         return frame
@@ -373,7 +385,7 @@ class _Reader:
             api_calls = model.empty(model.API_CALLS_SCHEMA)
             if not self.keep_correlation:  # a constant null column costs no memory
                 gpu_ops = gpu_ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
-        return model.Capture(
+        capture = model.Capture(
             info=info,
             gpu_ops=gpu_ops,
             api_calls=api_calls,
@@ -382,6 +394,19 @@ class _Reader:
             processes=self.processes(),
             strings=self.all_strings(strings),
         )
+        info.notes.extend(self.text_notes())
+        return capture
+
+    def text_notes(self) -> list[str]:
+        """What the read says about text that was not UTF-8 (none: nothing)."""
+        if not self.not_utf8:
+            return []
+        total = sum(self.not_utf8.values())
+        where = ", ".join(f"{table or 'a query'}: {count:,}" for table, count in sorted(self.not_utf8.items()))
+        return [
+            f"{total:,} text value{'s' if total != 1 else ''} ({where}) held bytes that are not UTF-8 "
+            "(a damaged file or a writer other than nsys): read with U+FFFD in place of those bytes"
+        ]
 
     def check_nsys(self) -> None:
         """Raise :class:`InputError` unless the file has nsys's tables."""
@@ -468,6 +493,15 @@ class _Reader:
         if "TARGET_INFO_GPU" not in tables:
             notes.append("no TARGET_INFO_GPU table: GPU names and bus ids are not available")
         clock_base = self.session_start_ns()
+        unnamed = self.gpu_tables_without_pid()
+        if unnamed:
+            owner = self.unnamed_ops_owner()
+            whose = (
+                f"taken as process {owner}'s, the only one the capture names"
+                if isinstance(owner, int)
+                else "each taken as its launching CUDA call's process"
+            )
+            notes.append(f"{', '.join(unnamed)} name no process (no globalPid column): their GPU ops are {whose}")
         return model.CaptureInfo(
             path=self.shown,
             format="nsys-sqlite",
@@ -558,8 +592,61 @@ class _Reader:
     def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]], where: str = "") -> pl.DataFrame:
         frame = self.bulk(table, self._gpu_spec(table, extra), where)
         if "global_pid" in frame.columns:
-            frame = frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
+            return frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
+        owner = self.unnamed_ops_owner()
+        if isinstance(owner, int):
+            return frame.with_columns(pl.lit(owner, dtype=pl.Int64).alias("pid"))
+        if "correlation_id" in frame.columns:
+            return frame.join(owner, on="correlation_id", how="left", maintain_order="left")
         return frame
+
+    def gpu_tables_without_pid(self) -> list[str]:
+        """The GPU activity tables of the file that name no process (no ``globalPid`` column)."""
+        return [
+            t for t in (KERNEL, MEMCPY, MEMSET, GRAPH_TRACE) if t in self.tables and "globalPid" not in self.columns(t)
+        ]
+
+    def unnamed_ops_owner(self) -> int | pl.DataFrame:
+        """The process of the ops of a GPU table without ``globalPid`` (a hand-made or trimmed
+        export, e.g. nsys-ai's ``healthy_1pct``; nsys itself always writes it): the capture's one
+        process when it names exactly one (in its CUDA API calls, NVTX events or ``PROCESSES``),
+        pid 0 when it names none (every op is then one unnamed process's), else per op the
+        process of the API call with its correlation id (:data:`_OWNER_SCHEMA`, only the ids
+        that one process alone has). Without a process, an op could be attributed to no step,
+        and no step could be inferred from it nor drawn around it (issue 25)."""
+        if self._owner is not _UNSET:
+            return self._owner  # type: ignore[return-value]
+        pids: set[int] = set()
+        for table in (*self.api_tables(), NVTX):
+            if "globalTid" in self.columns(table):
+                quoted = table.replace('"', '""')
+                sql = (
+                    f'SELECT DISTINCT (globalTid >> 24) & 16777215 FROM "{quoted}" WHERE globalTid IS NOT NULL LIMIT 2'
+                )
+                pids.update(int(p) for (p,) in self.small(sql) if isinstance(p, int))
+        pids.update(int(p) for p in self.processes()["pid"].drop_nulls().to_list())
+        owner: int | pl.DataFrame
+        if len(pids) <= 1:
+            owner = next(iter(pids), 0)
+        else:
+            frames = [
+                self.bulk(
+                    table, [("correlation_id", "correlationId", _INT), ("pid", "(globalTid >> 24) & 16777215", _INT)]
+                )
+                for table in self.api_tables()
+                if {"correlationId", "globalTid"} <= self.columns(table)
+            ]
+            calls = pl.concat(frames) if frames else pl.DataFrame(schema=_OWNER_SCHEMA)
+            owner = (
+                calls.drop_nulls()
+                .group_by("correlation_id")
+                .agg(pl.col("pid").unique())
+                .filter(pl.col("pid").list.len() == 1)
+                .select("correlation_id", pl.col("pid").list.first())
+                .cast(_OWNER_SCHEMA)  # type: ignore[arg-type]
+            )
+        self._owner = owner
+        return owner
 
     def enum_names(self, table: str) -> dict[int, str]:
         if table not in self.tables or not {"id", "name"} <= self.columns(table):
@@ -1083,6 +1170,47 @@ def _release_free_memory() -> None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
+
+
+def valid_utf8(table: Any) -> tuple[Any, int]:
+    """``table`` (Arrow) with every text value valid UTF-8, and how many were not.
+
+    SQLite stores TEXT as the writer gave it (and ``CAST(blob AS TEXT)`` keeps the blob's bytes),
+    ADBC hands such bytes on unchecked, and Polars takes them as a string column that later
+    panics in Rust (``PyObject pointer is null`` from ``to_dicts``) or fails at a string
+    operation. Each text chunk is validated in Arrow (C++, one pass); only a chunk that fails is
+    decoded in Python, its bad bytes replaced by U+FFFD."""
+    import pyarrow as pa
+
+    replaced = 0
+    columns = []
+    for column in table.columns:
+        kind = column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            columns.append(column)
+            continue
+        chunks = []
+        for chunk in column.chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid:
+                raw = chunk.view(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()).to_pylist()
+                text = []
+                for value in raw:
+                    if value is None:
+                        text.append(None)
+                        continue
+                    try:
+                        text.append(value.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        text.append(value.decode("utf-8", errors="replace"))
+                        replaced += 1
+                chunk = pa.array(text, type=kind)
+            chunks.append(chunk)
+        columns.append(pa.chunked_array(chunks, type=kind))
+    if not replaced:
+        return table, 0
+    return pa.Table.from_arrays(columns, names=table.column_names), replaced
 
 
 def scan_ints(db: Path, sql: str) -> pl.DataFrame:

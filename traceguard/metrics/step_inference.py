@@ -225,23 +225,36 @@ def _align(names: np.ndarray, mark: int, target: int, lo: int, hi: int) -> int:
     return int(candidates[best[np.argmin(np.abs(candidates[best] - target))]])
 
 
+#: The moves :func:`_settle` tries, nearest first (the earlier of two equally near): among
+#: equal idle gaps a boundary stays where it is, or moves the least.
+_SETTLE_MOVES = np.array(sorted(range(-SETTLE_KERNELS, SETTLE_KERNELS + 1), key=lambda m: (abs(m), m)))
+
+
 def _settle(marks: list[int], start: np.ndarray, ended: np.ndarray) -> list[int]:
-    """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it (the first
-    such kernel among equals): the phase is an average over all iterations, so an iteration a
-    kernel longer shifts it by one for the iterations before. (The capture's first kernel has no
-    gap before it to tell: a capture that opens exactly on an iteration may see its first boundary
-    a kernel or two late.)"""
+    """Each boundary moved to the largest idle gap within ``SETTLE_KERNELS`` of it (the nearest
+    such kernel among equals, the earlier of two equally near): the phase is an average over all
+    iterations, so an iteration a kernel longer shifts it by one for the iterations before. A
+    loop whose gaps are all equal (nsys-ai's ``healthy_1pct``: a gemm and an add, 10 µs apart)
+    keeps its boundaries one period apart. The capture's first kernel has no gap before it to
+    tell: a boundary the phase puts on it stays there (the capture opens on an iteration), and no
+    other boundary moves to it (it would cut a step of the kernel or two before its mark)."""
     at = np.asarray(marks, dtype=np.int64)
     if start.size < 2 or (at.size > 1 and int(np.diff(at).min()) <= 2 * SETTLE_KERNELS):
         return _settle_one_by_one(marks, start, ended)  # windows that touch: each after the one before
     # Windows apart: all at once. Kernels outside the capture count as less idle than any.
-    positions = at[:, None] + np.arange(-SETTLE_KERNELS, SETTLE_KERNELS + 1)[None, :]
+    positions = at[:, None] + _SETTLE_MOVES[None, :]
     inside = (positions >= 0) & (positions < start.size)
     safe = np.clip(positions, 1, start.size - 1)
     idle = np.maximum(0, start[safe] - ended[safe - 1])
-    idle = np.where(positions == 0, 0, idle)
     idle = np.where(inside, idle, -1)
+    idle = np.where(positions == 0, _first_gap(at)[:, None], idle)
     return (positions[np.arange(at.size), np.argmax(idle, axis=1)]).tolist()
+
+
+def _first_gap(marks: np.ndarray) -> np.ndarray:
+    """The idle gap :func:`_settle` counts before the capture's first kernel, per mark: more than
+    any for the mark on it, less than any for the others (its true gap is not in the capture)."""
+    return np.where(marks == 0, np.iinfo(np.int64).max, -1)
 
 
 def _settle_one_by_one(marks: list[int], start: np.ndarray, ended: np.ndarray) -> list[int]:
@@ -251,7 +264,13 @@ def _settle_one_by_one(marks: list[int], start: np.ndarray, ended: np.ndarray) -
         hi = min(start.size, mark + SETTLE_KERNELS + 1)
         if lo >= hi:  # the boundary before took the last kernels it could move to: one iteration with it
             continue
-        settled.append(lo + int(np.argmax(_idle_at(start, ended, lo, hi))))
+        candidates = np.arange(lo, hi)
+        idle = _idle_at(start, ended, lo, hi)
+        if lo == 0:
+            idle[0] = _first_gap(np.array([mark]))[0]
+        # Largest gap; among equals the nearest to the mark, then the earlier (as :func:`_settle`).
+        best = np.lexsort((candidates, np.abs(candidates - mark), -idle))[0]
+        settled.append(int(candidates[best]))
     return settled
 
 

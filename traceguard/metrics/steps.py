@@ -48,6 +48,14 @@ class Convention:
 #: torch/csrc/profiler/util.cpp ``getNvtxStr``). Megatron-LM's nsys mode, NeMo's NsysCallback,
 #: DeepSpeed (``DeepSpeedEngine.forward``/``backward`` ranges, per micro-batch) and the Hugging
 #: Face Trainer emit no per-iteration range of their own: their captures get inferred steps.
+#: The per-iteration names of hand-written loops (docs/steps.md, "Conventions"): ``batch``,
+#: ``step``, ``train_step`` / ``training_step`` (the two words joined by ``_``, ``-``, a space or
+#: nothing), ``iteration`` or ``iter``, in any case, then the step number, after nothing or one
+#: separator (``_``, ``-``, ``#``, ``:``, ``=``, with spaces around it or a space alone, and ``#``
+#: after another one: ``step #3``). Nothing may follow the number but ``emit_nvtx``'s ``, op_id =
+#: N``: ``train_step 3 loss`` or ``steps 3`` is not a step, nor is ``train_step`` alone.
+GENERIC_STEP = r"(?i)^(?:batch|step|train(?:ing)?[ _-]?step|iteration|iter)(?:\s*[_:=#-]?\s*#?)\d+(?:,|$)"
+
 CONVENTIONS: tuple[Convention, ...] = (
     Convention(
         "traceguard harness",
@@ -75,8 +83,9 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "generic",
-        r"(?i)^(?:batch|step|iteration|iter)[ _#:-]?\d+(?:,|$)",
-        "hand-written loops: `step 12`, `iteration3` (the torch.cuda.nvtx examples), `iter_4`",
+        GENERIC_STEP,
+        "hand-written loops: `step 12`, `train_step 3`, `training step #4`, `iteration3` (the "
+        "torch.cuda.nvtx examples), `iter_4`, `Batch-5`; any case, a separator or none",
     ),
 )
 

@@ -6,15 +6,11 @@ from typing import Any
 
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
+from traceguard.report.tables import table
 from traceguard.report.units import bytes_h, ms, pct, value_h
+from traceguard.report.workloads import workload_section
 
 _ICON = {"pass": "✅ pass", "warn": "⚠️ warn", "fail": "❌ fail", "skip": "⏭️ skip"}
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return out
 
 
 def sizes_section(doc: dict[str, Any]) -> list[str]:
@@ -125,8 +121,6 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
     lines += collectives_section(doc)
-    from traceguard.report.workloads import workload_section  # it renders with this module's table()
-
     lines += workload_section(doc)
     lines += sizes_section(doc)
     for rank in doc["ranks"]:

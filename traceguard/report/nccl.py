@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from traceguard.report.markdown import table as md_table
+from traceguard.report.tables import table as md_table
 
 TRANSPORT_ORDER = ("P2P", "NVLS", "COLLNET", "NET", "SHM")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceguard.report.markdown import table
+from traceguard.report.tables import table
 from traceguard.report.units import bytes_h, pct
 
 COLUMNS = (

@@ -16,6 +16,7 @@ analysis has come.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -38,6 +39,8 @@ from traceguard.store import jobs, results
 from traceguard.store.db import transaction
 from traceguard.store.runs import input_key, run_files
 from traceguard.store.tables import File, Job, Run
+
+log = logging.getLogger("traceguard.analysis")
 
 
 class AnalysisFailed(TraceguardError):
@@ -152,6 +155,18 @@ def _public_names(doc: dict[str, Any], inputs_dir: Path, files: list[File]) -> d
     return orjson.loads(text)
 
 
+def _last_line(text: str) -> str:
+    """The last line of a child's stderr (the exception of a traceback), at most 300 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _log_stderr(work_dir: Path, what: str, text: str) -> None:
+    """The analysis process's stderr (a traceback) in the server's log: the job's error holds one
+    line for the run's owner, the log the rest for the operator."""
+    log.error("analysis %s %s%s", work_dir.name, what, f"; its stderr:\n{text}" if text else " (no stderr)")
+
+
 def run_analysis(
     ctx: Context,
     files: list[File],
@@ -215,16 +230,21 @@ def run_analysis(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+    stderr_text = (work_dir / "stderr.txt").read_text(errors="replace").strip()
     if not out.is_file():
-        tail = (work_dir / "stderr.txt").read_text(errors="replace")[-500:].strip()
+        _log_stderr(work_dir, f"ended (exit code {process.returncode}) without a result", stderr_text)
+        last = _last_line(stderr_text)
         raise AnalysisFailed(
             "analysis_crashed",
             f"the analysis process ended (exit code {process.returncode}) without a result"
-            + (f": {tail}" if tail else ""),
+            + (f": {last}" if last else "")
+            + " (its output is in the server log)",
         )
     payload = orjson.loads(out.read_bytes())
     if "error" in payload:
         error = payload["error"]
+        if error.get("code") == "analysis_error":  # a bug: the job says so in one line, the log has the traceback
+            _log_stderr(work_dir, "stopped on an internal error", stderr_text)
         message = error.get("message", "")
         if error.get("hint"):
             message += f" ({error['hint']})"

@@ -41,9 +41,14 @@ def _origin(exc: BaseException) -> str | None:
 
 
 def internal_error(exc: BaseException) -> dict[str, Any]:
-    """The job's error for an exception that is not the project's own: a bug, said as one."""
-    text = " ".join(str(exc).split())[:300] or "no message"
+    """The job's error for an exception that is not the project's own: a bug, said as one (a
+    native library's panic named as such); the traceback goes to the server's log, not here."""
+    from traceguard.errors import as_native_panic, is_native_panic
+
     origin = _origin(exc)
+    if is_native_panic(exc):
+        exc = as_native_panic(exc)
+    text = " ".join(str(exc).split())[:300] or "no message"
     return {
         "error": {
             "code": "analysis_error",
@@ -111,7 +116,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return exc.to_dict()
     except MemoryError:
         return {"error": {"code": "out_of_memory", "message": "the analysis ran out of memory"}}
-    except Exception as exc:  # recorded on the job, never lost
+    except Exception as exc:  # recorded on the job, never lost; the traceback, on stderr, goes to the server log
+        traceback.print_exc()
+        return internal_error(exc)
+    except BaseException as exc:  # a native library's panic: PyO3 raises it as a BaseException
+        from traceguard.errors import is_native_panic
+
+        if not is_native_panic(exc):
+            raise
         traceback.print_exc()
         return internal_error(exc)
 
