@@ -131,7 +131,21 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
     # Wall-clock ns are ~1.8e18: a float median of them is off by up to 256 ns. Times from the
     # run's first arrival are exact in float64 (below 2^53 ns, 104 days).
     origin = int(every["at_start"].min())  # type: ignore[arg-type]
-    every = every.with_columns(pl.col(c) - origin for c in ("at_start", "at_end", "at_until"))
+    # Only what the matching and the split read, the repeated texts as categories: at 1,024 ranks
+    # × 10 k calls every byte a row is 10 MB, and the joins below copy the frame a few times.
+    every = every.select(
+        pl.col("kind").cast(pl.Categorical),
+        "peer",
+        "step",
+        "seq",
+        "rank",
+        "exposed_ns",
+        "bytes",
+        pl.col("phase").cast(pl.Categorical),
+        "lo",
+        "hi",
+        *(pl.col(c) - origin for c in ("at_start", "at_end", "at_until")),
+    )
     by_step = all(c.step_source in MARKER_SOURCES for c, _ in instances) and every["step"].null_count() == 0
     if not by_step:
         every = _order_keys(every, cpu=cpu)
@@ -229,7 +243,7 @@ def _order_keys(every: pl.DataFrame, *, cpu: bool) -> pl.DataFrame:
         [(*k, v) for k, v in shifts.items()],
         schema={"kind": pl.String, "lo": pl.Int32, "hi": pl.Int32, "rank": pl.Int32, "shift": pl.Int64},
         orient="row",
-    )
+    ).with_columns(pl.col("kind").cast(every.schema["kind"]))
     every = every.join(table, on=["kind", "lo", "hi", "rank"], how="left", nulls_equal=True, maintain_order="left")
     return every.with_columns((pl.col("order") - pl.col("shift").fill_null(0)).alias("order")).drop("shift")
 
@@ -523,6 +537,7 @@ def _split(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> None:
         calls.group_by(["rank", "kind", "bytes"])
         .agg(pl.col("transfer_ns").median().alias("transfer_median_ns"), pl.len().alias("matched"))
         .rename({"kind": "collective", "bytes": "msg_bytes"})
+        .with_columns(pl.col("collective").cast(pl.String))
     )
 
 
