@@ -140,7 +140,15 @@ class PeerRow(BaseModel):
     source: str = Field(description="what named the peer: nccl_payload, kineto_args or two_rank_group")
 
 
+_NO_SPLIT = " Null when the step holds no matched collective or the run's split is not available."
+_PART = " One part of the step's period; null when the step has no GPU span."
+
+
 class StepRow(BaseModel):
+    """One step of one rank: the CPU range, GPU span and NCCL time; the NCCL time of its matched
+    collectives split into waiting for the last rank and transfer; its GPU time broken down over
+    its period (docs/collectives.md, docs/report.schema.json ``ranks[].steps[]``). Times in ns."""
+
     rank: int
     step_index: int
     name: str
@@ -152,6 +160,42 @@ class StepRow(BaseModel):
     dtod_copies: int | None
     peer_bytes: int | None
     peer_copies: int | None
+    nccl_wait_ns: int | None = Field(
+        default=None,
+        description="NCCL kernel time of the step's matched collectives spent waiting for the last member rank."
+        + _NO_SPLIT,
+    )
+    nccl_transfer_ns: int | None = Field(
+        default=None,
+        description="NCCL kernel time of the step's matched collectives after the last rank arrived." + _NO_SPLIT,
+    )
+    period_ns: int | None = Field(
+        default=None,
+        description="From the previous step's GPU end to this step's; compute + comm + copy + idle_host + idle_other "
+        "= period × the rank's devices.",
+    )
+    compute_ns: int | None = Field(default=None, description="A compute (non-NCCL) kernel runs." + _PART)
+    comm_ns: int | None = Field(
+        default=None, description="Exposed communication: NCCL runs, no compute kernel." + _PART
+    )
+    comm_wait_ns: int | None = Field(
+        default=None, description="The part of comm_ns before the last rank arrived (exposed waiting)." + _NO_SPLIT
+    )
+    comm_transfer_ns: int | None = Field(
+        default=None, description="The part of comm_ns after the last rank arrived (exposed transfer)." + _NO_SPLIT
+    )
+    copy_ns: int | None = Field(default=None, description="Only a memcpy or memset runs." + _PART)
+    idle_host_ns: int | None = Field(
+        default=None, description="GPU idle waiting for its host (the next op was launched after it fell idle)." + _PART
+    )
+    idle_other_ns: int | None = Field(
+        default=None, description="GPU idle with the next op already launched (an event, another stream)." + _PART
+    )
+    lateness_ns: float | None = Field(
+        default=None,
+        description="The rank's median arrival − the earliest member's at the step's matched collectives (0: first)."
+        + _NO_SPLIT,
+    )
     phases: list[PhaseRow]
     collectives: list[CollectiveTypeRow] = Field(default_factory=list, description="collectives by type in this step")
 
@@ -246,6 +290,32 @@ class CollectiveRow(BaseModel):
     min_ns: int | None
     algbw_gbps: float | None
     busbw_gbps: float | None
+    transfer_median_ns: float | None = Field(
+        default=None, description="median transfer time (after the last rank arrived) of the matched calls"
+    )
+    matched: int | None = Field(default=None, description="calls of the row matched across their ranks")
+    bandwidth_time: str | None = Field(
+        default=None,
+        description="what algbw/busbw divide by: transfer (every call matched) or kernel (a lower bound: it includes "
+        "waiting for the last rank)",
+    )
+
+
+class RankWaitRow(BaseModel):
+    """One rank's part in who waited for whom (docs/collectives.md): its matched NCCL kernel time split
+    into waiting for the last rank and transfer, how often it arrived last and how late, its clock."""
+
+    rank: int
+    nccl_wait_ns: int | None
+    nccl_transfer_ns: int | None
+    nccl_wait_share: float | None = Field(description="wait ÷ (wait + transfer)")
+    last_arrivals: int | None = Field(description="matched collectives this rank arrived last at")
+    last_arrivals_of: int | None = Field(description="matched collectives this rank is a member of")
+    median_late_ns: float | None = Field(description="median lateness when it arrived last (its arrival − the first)")
+    is_late_rank: bool | None = Field(description="whether it is the run's late rank; null when the run has none")
+    clock_offset_ns: int | None = Field(description="offset lining its collective ends up with the reference rank's")
+    clock_residual_ns: int | None = Field(description="median disagreement of its collective ends after alignment")
+    null_reason: str | None = Field(description="why the split is null for this rank")
 
 
 class ConnectionRow(BaseModel):
@@ -269,3 +339,7 @@ class LinkTables(BaseModel):
     transport_matrix: dict[str, dict[str, str]] = Field(
         description="rank → peer → transport classes NCCL logged for the pair (e.g. P2P, SHM, P2P+NET)"
     )
+    waits: list[RankWaitRow] = Field(
+        default_factory=list, description="per rank: NCCL time waiting for the last rank vs transfer, last arrivals"
+    )
+    late_rank: int | None = Field(default=None, description="the rank the others waited for most often; null if none")

@@ -11,12 +11,14 @@ from api.schemas import (
     JobPublic,
     PeerRow,
     PhaseRow,
+    RankWaitRow,
     RunDetail,
     RunPublic,
     StepRow,
     TokenPublic,
 )
-from traceguard.store.tables import CollectiveType, File, Job, PeerTraffic, Phase, Run, Step, Token
+from traceguard.store.results import WAIT_STEP_COLUMNS
+from traceguard.store.tables import CollectiveType, File, Job, PeerTraffic, Phase, RankResult, Run, Step, Token
 
 
 def job_public(job: Job) -> JobPublic:
@@ -85,6 +87,23 @@ def peer_row(p: PeerTraffic) -> PeerRow:
     return PeerRow.model_validate(p, from_attributes=True)
 
 
+def rank_wait_row(r: RankResult) -> RankWaitRow:
+    reasons = (r.metrics or {}).get("null_reasons") or {}
+    return RankWaitRow(
+        rank=r.rank,
+        nccl_wait_ns=r.nccl_wait_ns,
+        nccl_transfer_ns=r.nccl_transfer_ns,
+        nccl_wait_share=r.nccl_wait_share,
+        last_arrivals=r.last_arrivals,
+        last_arrivals_of=r.last_arrivals_of,
+        median_late_ns=r.median_late_ns,
+        is_late_rank=r.is_late_rank,
+        clock_offset_ns=r.clock_offset_ns,
+        clock_residual_ns=r.clock_residual_ns,
+        null_reason=reasons.get("nccl_wait_ns") if r.nccl_wait_ns is None else None,
+    )
+
+
 def step_row(s: Step, phases: list[Phase], collectives: Sequence[CollectiveType] = ()) -> StepRow:
     return StepRow(
         rank=s.rank,
@@ -98,6 +117,7 @@ def step_row(s: Step, phases: list[Phase], collectives: Sequence[CollectiveType]
         dtod_copies=s.dtod_copies,
         peer_bytes=s.peer_bytes,
         peer_copies=s.peer_copies,
+        **{column: getattr(s, column) for column in WAIT_STEP_COLUMNS},
         phases=[phase_row(p) for p in phases],
         collectives=[collective_type_row(c) for c in collectives],
     )

@@ -26,7 +26,16 @@ from api.schemas import (
     UploadResult,
 )
 from api.streaming import Received, parse_rank, receive_upload
-from api.views import collective_type_row, file_public, job_public, peer_row, run_detail, run_public, step_row
+from api.views import (
+    collective_type_row,
+    file_public,
+    job_public,
+    peer_row,
+    rank_wait_row,
+    run_detail,
+    run_public,
+    step_row,
+)
 from traceguard.checks.profiles import available
 from traceguard.errors import InputError
 from traceguard.metrics.collectives import COLLECTIVE_ORDER, OTHER
@@ -410,6 +419,7 @@ def get_links(
     collective = check_collective(collective)
     peers_wanted = collective is None or collective in ("SendRecv", "Send", "Recv")
     links = results.connections(session, run.id)
+    ranks = results.rank_results(session, run.id, rank)
     matrix: dict[str, dict[str, str]] = {}
     for (rank_, peer), kinds in pair_transports((c.rank, c.peer, c.transport) for c in links).items():
         matrix.setdefault(str(rank_), {})[str(peer)] = kinds
@@ -425,4 +435,6 @@ def get_links(
         peers=[peer_row(p) for p in results.peer_traffic(session, run.id, rank)] if peers_wanted else [],
         connections=[ConnectionRow.model_validate(c, from_attributes=True) for c in links],
         transport_matrix=matrix,
+        waits=[rank_wait_row(r) for r in ranks],
+        late_rank=next((r.rank for r in ranks if r.is_late_rank), None),
     )

@@ -29,6 +29,20 @@ from traceguard.store.tables import (
 
 RESULT_TABLES = (RankResult, Step, Phase, Collective, CollectiveType, PeerTraffic, Connection, CheckResult)
 MAX_ROWS = 10_000
+#: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
+WAIT_STEP_COLUMNS = (
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "period_ns",
+    "compute_ns",
+    "comm_ns",
+    "comm_wait_ns",
+    "comm_transfer_ns",
+    "copy_ns",
+    "idle_host_ns",
+    "idle_other_ns",
+    "lateness_ns",
+)
 
 
 def _share(part: Any, whole: Any) -> float | None:
@@ -86,8 +100,13 @@ def save_results(
         if file.id in resolved:
             file.resolved_rank = resolved[file.id]
     rows: list[Any] = []
+    summary = doc.get("run") or {}
+    clocks = {c["rank"]: c for c in (summary.get("clock_alignment") or {}).get("ranks") or []}
+    late_rank = (summary.get("metrics") or {}).get("late_rank")
     for rank in doc.get("ranks", []):
         metrics = rank["metrics"]
+        arrivals = metrics.get("last_arrivals") or {}
+        clock = clocks.get(rank["rank"], {})
         rows.append(
             RankResult(
                 run_id=run.id,
@@ -102,6 +121,15 @@ def save_results(
                 nccl_share_of_step=metrics.get("nccl_share_of_step"),
                 gpu_to_cpu_copy_rate=metrics.get("gpu_to_cpu_copy_rate"),
                 dtod_bytes_per_step=metrics.get("dtod_bytes_per_step"),
+                nccl_wait_ns=metrics.get("nccl_wait_ns"),
+                nccl_transfer_ns=metrics.get("nccl_transfer_ns"),
+                nccl_wait_share=metrics.get("nccl_wait_share"),
+                last_arrivals=arrivals.get("count"),
+                last_arrivals_of=arrivals.get("of"),
+                median_late_ns=arrivals.get("median_late_ns"),
+                is_late_rank=None if late_rank is None else late_rank == rank["rank"],
+                clock_offset_ns=clock.get("offset_ns"),
+                clock_residual_ns=clock.get("residual_ns"),
                 metrics=metrics,
             )
         )
@@ -120,6 +148,7 @@ def save_results(
                     dtod_copies=step.get("dtod_copies"),
                     peer_bytes=step.get("peer_bytes"),
                     peer_copies=step.get("peer_copies"),
+                    **{key: step.get(key) for key in WAIT_STEP_COLUMNS},
                 )
             )
             for name, phase in (step.get("phases") or {}).items():
@@ -150,6 +179,9 @@ def save_results(
                     min_ns=c.get("min_ns"),
                     algbw_gbps=c.get("algbw_gbps"),
                     busbw_gbps=c.get("busbw_gbps"),
+                    transfer_median_ns=c.get("transfer_median_ns"),
+                    matched=c.get("matched"),
+                    bandwidth_time=c.get("bandwidth_time"),
                 )
             )
         by_type = rank.get("collectives_by_type") or {}
@@ -336,6 +368,14 @@ def collective_types(
     return list(session.scalars(query.order_by(CollectiveType.rank, CollectiveType.step_index, CollectiveType.id)))
 
 
+def rank_results(session: Session, run_id: int, rank: int | None = None) -> list[RankResult]:
+    """The ranks' headline rows of the latest analysis (the wait / transfer split and clock included)."""
+    query = select(RankResult).where(RankResult.run_id == run_id)
+    if rank is not None:
+        query = query.where(RankResult.rank == rank)
+    return list(session.scalars(query.order_by(RankResult.rank)))
+
+
 def peer_traffic(session: Session, run_id: int, rank: int | None = None) -> list[PeerTraffic]:
     query = select(PeerTraffic).where(PeerTraffic.run_id == run_id)
     if rank is not None:
@@ -412,6 +452,7 @@ def step_records(
                 "dtod_copies": s.dtod_copies,
                 "peer_bytes": s.peer_bytes,
                 "peer_copies": s.peer_copies,
+                **{column: getattr(s, column) for column in WAIT_STEP_COLUMNS},
                 "phases": phases.get(key, []),
                 "collectives": types.get(key, []),
             }

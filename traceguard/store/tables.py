@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -222,12 +223,32 @@ class RankResult(Base):
     nccl_share_of_step: Mapped[float | None] = mapped_column(Float, nullable=True)
     gpu_to_cpu_copy_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
     dtod_bytes_per_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Who waited for whom (docs/collectives.md): the rank's matched NCCL kernel time split into
+    # waiting for the last rank and transfer; how often it arrived last and how late (median);
+    # whether it is the run's late rank; its clock's offset and residual after alignment.
+    nccl_wait_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_transfer_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_wait_share: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_arrivals: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_arrivals_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    median_late_ns: Mapped[float | None] = mapped_column(Float, nullable=True)
+    is_late_rank: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    clock_offset_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    clock_residual_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONType)
 
 
 class Step(Base):
     """One step of one rank. ``step_index`` counts the rank's steps in time order from 0;
-    ``nccl_share`` = nccl_ns ÷ gpu_span_ns (DESIGN.md)."""
+    ``nccl_share`` = nccl_ns ÷ gpu_span_ns (DESIGN.md).
+
+    Who waited for whom (docs/collectives.md; null where the report has null): ``nccl_wait_ns`` /
+    ``nccl_transfer_ns`` split the NCCL kernel time of the step's matched collectives at the last
+    rank's arrival; the step's *period* (``period_ns``: previous step's GPU end to its own) is
+    broken down into ``compute_ns``, ``comm_ns`` (exposed NCCL, split into ``comm_wait_ns`` and
+    ``comm_transfer_ns``), ``copy_ns``, ``idle_host_ns`` (the GPU waited for its host) and
+    ``idle_other_ns``; ``lateness_ns`` is the rank's median arrival − the earliest member's at the
+    step's collectives."""
 
     __tablename__ = "steps"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -243,6 +264,17 @@ class Step(Base):
     dtod_copies: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     peer_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     peer_copies: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_wait_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_transfer_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    period_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    compute_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    comm_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    comm_wait_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    comm_transfer_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    copy_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    idle_host_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    idle_other_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    lateness_ns: Mapped[float | None] = mapped_column(Float, nullable=True)
     __table_args__ = (Index("ix_steps_run_rank_index", "run_id", "rank", "step_index"),)
 
 
@@ -268,7 +300,10 @@ class Phase(Base):
 
 
 class Collective(Base):
-    """Per rank, collective and message size: count and kernel-duration statistics, algbw/busbw."""
+    """Per rank, collective and message size: count and kernel-duration statistics, algbw/busbw.
+    ``transfer_median_ns``: median transfer time (after the last rank arrived) of the ``matched``
+    calls; ``bandwidth_time`` says whether algbw/busbw use it (``transfer``) or kernel time
+    (``kernel``, a lower bound: it includes waiting for the last rank)."""
 
     __tablename__ = "collectives"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -284,6 +319,9 @@ class Collective(Base):
     min_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     algbw_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
     busbw_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    transfer_median_ns: Mapped[float | None] = mapped_column(Float, nullable=True)
+    matched: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bandwidth_time: Mapped[str | None] = mapped_column(String(10), nullable=True)
 
 
 class CollectiveType(Base):
