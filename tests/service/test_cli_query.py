@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from tests.service.conftest import P2P, SHM
 from tests.service.live import LiveServer
 from traceguard.cli import app
+from traceguard.store.results import WAIT_STEP_COLUMNS
 
 runner = CliRunner()
 
@@ -83,6 +84,27 @@ def test_runs_steps_and_compare_on_the_embedded_store(store: tuple[Path, dict[st
         "ORDER BY step_index",
         r=head,
     )
+    # Who waited for whom: every step column in JSON and CSV, as stored; the table's short headers.
+    waits = ", ".join(WAIT_STEP_COLUMNS)
+    stored = _sql(
+        engine, f"SELECT rank, step_index, {waits} FROM steps WHERE run_id = :r ORDER BY rank, step_index", r=head
+    )
+    assert stored and all(row[-1] is not None for row in stored)  # lateness known on every step (two ranks)
+    code, stdout, _ = _cli("steps", f"run:{head}", "--data-dir", data, "-f", "json", env=env)
+    assert [(s["rank"], s["step_index"], *(s[c] for c in WAIT_STEP_COLUMNS)) for s in json.loads(stdout)] == stored
+    code, stdout, _ = _cli("steps", f"run:{head}", "--data-dir", data, "-f", "csv", env=env)
+    rows = list(csv.DictReader(io.StringIO(stdout)))
+    assert [(int(r["rank"]), int(r["step_index"]), *(float(r[c]) for c in WAIT_STEP_COLUMNS)) for r in rows] == [
+        (rank, index, *(float(v) for v in values)) for rank, index, *values in stored
+    ]
+    code, stdout, _ = _cli("steps", f"run:{head}", "--rank", "0", "--data-dir", data, env=env)
+    assert code == 0
+    header = " ".join(stdout.split())
+    for label in ("wait", "transfer", "compute", "comm", "idle host", "lateness", "waiting for the last rank"):
+        assert label in header, label
+    idle_ms = [f"{row[2 + WAIT_STEP_COLUMNS.index('idle_host_ns')] / 1e6:.2f}" for row in stored if row[0] == 0]
+    assert all(value in stdout for value in idle_ms)
+
     code, stdout, _ = _cli("steps", str(head), "--phase", "backward", "--data-dir", data, "-f", "csv", env=env)
     rows = list(csv.DictReader(io.StringIO(stdout)))
     assert [(int(r["rank"]), int(r["step_index"]), int(r["phase_nccl_ns"])) for r in rows] == _sql(
@@ -133,9 +155,14 @@ def test_runs_steps_and_compare_on_a_server(tmp_path: Path) -> None:
         (base,) = json.loads(stdout)
         engine = sa.create_engine(f"sqlite:///{server.data_dir / 'traceguard.db'}")
         code, stdout, _ = _cli("steps", f"run:{head['id']}", *auth, "-f", "csv")
-        rows = [(int(r["rank"]), int(r["step_index"]), int(r["nccl_ns"])) for r in csv.DictReader(io.StringIO(stdout))]
+        rows = [
+            (int(r["rank"]), int(r["step_index"]), int(r["nccl_ns"]), int(r["nccl_wait_ns"]), int(r["idle_host_ns"]))
+            for r in csv.DictReader(io.StringIO(stdout))
+        ]
         assert rows == _sql(
-            engine, "SELECT rank, step_index, nccl_ns FROM steps WHERE run_id = :r ORDER BY rank, step_index",
+            engine,
+            "SELECT rank, step_index, nccl_ns, nccl_wait_ns, idle_host_ns FROM steps WHERE run_id = :r "
+            "ORDER BY rank, step_index",
             r=head["id"],
         )
         engine.dispose()

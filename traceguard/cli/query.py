@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -119,8 +120,19 @@ def _cell(key: str, value: Any) -> str:
     return value_h(key, value) if key.endswith(("_ns", "_share", "bytes")) else str(value)
 
 
-def emit(rows: list[dict[str, Any]], columns: list[str], fmt: TableFormat, title: str) -> None:
-    """Rows as a Rich table (human units), CSV (raw values) or JSON (raw values, nested kept)."""
+def emit(
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    fmt: TableFormat,
+    title: str,
+    *,
+    headers: dict[str, str] | None = None,
+    table_columns: list[str] | None = None,
+    caption: str | None = None,
+) -> None:
+    """Rows as a Rich table (human units), CSV (raw values) or JSON (raw values, nested kept).
+    The table shows ``table_columns`` (default: ``columns``) under ``headers`` (default: the
+    column names) with ``caption`` below; CSV has every column under its own name."""
     if fmt is TableFormat.json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
@@ -132,12 +144,26 @@ def emit(rows: list[dict[str, Any]], columns: list[str], fmt: TableFormat, title
             writer.writerow({k: _csv_value(row.get(k)) for k in columns})
         sys.stdout.write(buffer.getvalue())
         return
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    shown = table_columns or columns
+    compact = headers is not None
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD)
+    for column in shown:
+        numeric = compact and column.endswith(("_ns", "_share"))
+        table.add_column((headers or {}).get(column, column), justify="right" if numeric else "left")
     for row in rows:
-        table.add_row(*(escape(_cell(c, row.get(c))) for c in columns))
+        table.add_row(*(escape(_short(c, row.get(c)) if compact else _cell(c, row.get(c))) for c in shown))
     out.print(table)
+
+
+def _short(key: str, value: Any) -> str:
+    """A compact cell: ns as ms without the unit (the header says ms), shares as whole percents."""
+    if value is None:
+        return ""
+    if key.endswith("_ns") and isinstance(value, int | float):
+        return f"{value / 1e6:.2f}"
+    if key.endswith("_share") and isinstance(value, int | float):
+        return f"{value:.0%}"
+    return _cell(key, value)
 
 
 def _csv_value(value: Any) -> Any:
@@ -217,7 +243,69 @@ def runs_command(
     emit(rows, RUN_COLUMNS, fmt, f"runs ({len(rows)})")
 
 
-STEP_COLUMNS = ["rank", "step_index", "name", "cpu_ns", "gpu_span_ns", "nccl_ns", "nccl_share", "dtod_bytes"]
+STEP_COLUMNS = [
+    "rank",
+    "step_index",
+    "name",
+    "cpu_ns",
+    "gpu_span_ns",
+    "nccl_ns",
+    "nccl_share",
+    "dtod_bytes",
+    # Who waited for whom (docs/collectives.md): the NCCL kernel time of the step's matched
+    # collectives split at the last rank's arrival, the step's GPU time broken down, its lateness.
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "period_ns",
+    "compute_ns",
+    "comm_ns",
+    "comm_wait_ns",
+    "comm_transfer_ns",
+    "copy_ns",
+    "idle_host_ns",
+    "idle_other_ns",
+    "lateness_ns",
+]
+#: Columns the terminal table leaves to CSV and JSON (which have every column), to stay readable.
+STEP_TABLE_HIDDEN = (
+    "cpu_ns",
+    "dtod_bytes",
+    "period_ns",
+    "comm_wait_ns",
+    "comm_transfer_ns",
+    "copy_ns",
+    "idle_other_ns",
+    "phases",
+)
+#: Left out as well when --phase or --collective add their own columns.
+STEP_NARROW = (*STEP_TABLE_HIDDEN, "nccl_transfer_ns", "compute_ns", "comm_ns", "lateness_ns")
+#: The table's headers: times in ms (the cells are numbers), shares in %.
+STEP_HEADERS = {
+    "step_index": "step",
+    "gpu_span_ns": "gpu span\nms",
+    "nccl_ns": "nccl\nms",
+    "nccl_share": "nccl\nshare",
+    "nccl_wait_ns": "wait\nms",
+    "nccl_transfer_ns": "transfer\nms",
+    "compute_ns": "compute\nms",
+    "comm_ns": "comm\nms",
+    "idle_host_ns": "idle host\nms",
+    "lateness_ns": "lateness\nms",
+    "phase_cpu_ns": "phase cpu\nms",
+    "phase_gpu_ns": "phase gpu\nms",
+    "phase_nccl_ns": "phase nccl\nms",
+    "phase_nccl_share": "phase nccl\nshare",
+    "collective_count": "calls",
+    "collective_time_ns": "coll. time\nms",
+    "collective_exposed_ns": "exposed\nms",
+    "collective_bytes": "coll. bytes",
+}
+STEP_CAPTION = (
+    "wait / transfer: the NCCL time of the step's matched collectives spent waiting for the last rank / moving "
+    "data. compute, comm (exposed NCCL), idle host (the GPU waited for its host): where the step's GPU time went. "
+    "lateness: the rank's median arrival after the first rank's. Empty: not known. CSV and JSON have every column "
+    "(CPU time, DtoD bytes, the whole breakdown, phases); docs/collectives.md."
+)
 
 
 def flatten_steps(rows: list[dict[str, Any]], phase: str | None, collective: str | None) -> list[dict[str, Any]]:
@@ -260,7 +348,10 @@ def steps_command(
     token: TokenOpt = None,
 ) -> None:
     """The step breakdown of a stored run's latest analysis (per rank and step: CPU time, GPU span,
-    NCCL time and share, DtoD bytes), filtered by --rank, --phase, --collective."""
+    NCCL time and share, DtoD bytes; the NCCL time of matched collectives split into waiting for
+    the last rank and transfer; the step's GPU time broken down into compute, exposed communication,
+    copies and idle time waiting for the host or otherwise; the rank's lateness at the step's
+    collectives), filtered by --rank, --phase, --collective. CSV and JSON carry every column."""
     try:
         run_id = run_id_of(run)
         if collective is not None:
@@ -283,7 +374,15 @@ def steps_command(
         return
     flat = flatten_steps(rows, phase, collective)
     columns = list(flat[0]) if flat else STEP_COLUMNS
-    emit(flat, columns, fmt, f"run {run_id} · steps ({len(flat)})")
+    emit(
+        flat,
+        columns,
+        fmt,
+        f"run {run_id} · steps ({len(flat)})",
+        headers=STEP_HEADERS,
+        table_columns=[c for c in columns if c not in (STEP_NARROW if phase or collective else STEP_TABLE_HIDDEN)],
+        caption=STEP_CAPTION,
+    )
 
 
 def _collective_name(name: str) -> str:
