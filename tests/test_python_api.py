@@ -162,6 +162,66 @@ def test_compare_and_report_round_trip(p2p: traceguard.Analysis, tmp_path: Path)
     assert "traceguard verdict" in p2p._repr_html_()
 
 
+BUCKET25 = OWN / "h200" / "p2p_nsys_bucket25"
+WAIT_COLUMNS = (
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "period_ns",
+    "compute_ns",
+    "comm_ns",
+    "comm_wait_ns",
+    "comm_transfer_ns",
+    "copy_ns",
+    "idle_host_ns",
+    "idle_other_ns",
+    "lateness_ns",
+)
+
+
+def test_who_waits_for_whom_frames() -> None:
+    """2×H200 DDP with 25 MB buckets: rank 0 reaches 110 of 111 all-reduces last. The frames carry
+    the report's numbers; each step's GPU time parts add up to its period (one device a rank), every
+    call of a step was matched so wait + transfer is the step's NCCL time, and the per-rank split
+    adds up to the run's."""
+    run = traceguard.analyze(BUCKET25)
+    report = run.report
+    report_steps = [(r["rank"], s["index"], *(s[c] for c in WAIT_COLUMNS)) for r in report["ranks"] for s in r["steps"]]
+    assert run.steps.select("rank", "step_index", *WAIT_COLUMNS).rows() == report_steps
+    parts = run.steps.select(
+        pl.sum_horizontal("compute_ns", "comm_ns", "copy_ns", "idle_host_ns", "idle_other_ns") == pl.col("period_ns"),
+        (pl.col("nccl_wait_ns") + pl.col("nccl_transfer_ns")) == pl.col("nccl_ns"),
+    )
+    assert parts.to_series(0).all() and parts.to_series(1).all()
+
+    late = run.late_rank
+    assert late is not None and (late["rank"], late["last_arrivals"], late["of"]) == (0, 110, 111)
+    waits = run.waits
+    assert waits["rank"].to_list() == [0, 1] and waits["is_late_rank"].to_list() == [True, False]
+    assert waits["last_arrivals"].to_list() == [110, 1] and waits["last_arrivals_of"].to_list() == [111, 111]
+    metrics = report["run"]["metrics"]
+    assert waits["nccl_wait_ns"].sum() == metrics["nccl_wait_ns"]
+    assert waits["nccl_transfer_ns"].sum() == metrics["nccl_transfer_ns"]
+    assert waits["nccl_wait_share"].to_list() == pytest.approx(
+        (waits["nccl_wait_ns"] / (waits["nccl_wait_ns"] + waits["nccl_transfer_ns"])).to_list()
+    )
+    assert run.clock_alignment is not None and run.clock_alignment["trusted"]
+    assert waits["clock_residual_ns"].to_list() == [c["residual_ns"] for c in run.clock_alignment["ranks"]]
+    assert waits["clock_offset_ns"][0] == 0 and waits["null_reason"].null_count() == 2
+    # The rank × step lateness: rank 0 is the late one in every step, rank 1 never.
+    lateness = run.steps.pivot("rank", index="step_index", values="lateness_ns").sort("step_index")
+    assert (lateness["0"] > 0).all() and (lateness["1"] == 0).all()
+    assert run.arrivals["latest_rank"].to_list() == [0, 0, 0]
+    assert run.arrivals["spread"].to_list() == sorted(run.arrivals["spread"].to_list(), reverse=True)
+
+    alone = traceguard.Analysis.from_report(traceguard.analyze(BUCKET25 / "cap_0.sqlite.gz").report)
+    assert alone.late_rank is None and alone.arrivals.height == 0
+    assert alone.waits.select("rank", "nccl_wait_ns", "is_late_rank", "null_reason").rows() == [
+        (0, None, None, "needs at least two ranks")
+    ]
+    assert alone.steps["lateness_ns"].null_count() == alone.steps.height
+    assert alone.steps["period_ns"].null_count() == 0  # one rank's own breakdown needs no other rank
+
+
 def test_bad_input_raises_the_projects_error(tmp_path: Path) -> None:
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database")

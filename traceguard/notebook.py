@@ -45,6 +45,44 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "dtod_copies": pl.Int64(),
     "peer_bytes": pl.Int64(),
     "peer_copies": pl.Int64(),
+    # Who waited for whom (docs/collectives.md): the matched NCCL kernel time's split, the step's
+    # GPU time broken down over its period, the rank's lateness at the step's collectives.
+    "nccl_wait_ns": pl.Int64(),
+    "nccl_transfer_ns": pl.Int64(),
+    "period_ns": pl.Int64(),
+    "compute_ns": pl.Int64(),
+    "comm_ns": pl.Int64(),
+    "comm_wait_ns": pl.Int64(),
+    "comm_transfer_ns": pl.Int64(),
+    "copy_ns": pl.Int64(),
+    "idle_host_ns": pl.Int64(),
+    "idle_other_ns": pl.Int64(),
+    "lateness_ns": pl.Float64(),
+}
+WAIT_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "nccl_wait_ns": pl.Int64(),
+    "nccl_transfer_ns": pl.Int64(),
+    "nccl_wait_share": pl.Float64(),
+    "collective_instances_matched": pl.Int64(),
+    "last_arrivals": pl.Int64(),
+    "last_arrivals_of": pl.Int64(),
+    "median_late_ns": pl.Float64(),
+    "p95_late_ns": pl.Float64(),
+    "is_late_rank": pl.Boolean(),
+    "clock_base_source": pl.String(),
+    "clock_base_ns": pl.Int64(),
+    "clock_offset_ns": pl.Int64(),
+    "clock_residual_ns": pl.Int64(),
+    "clock_matched": pl.Int64(),
+    "null_reason": pl.String(),
+}
+ARRIVAL_SCHEMA: dict[str, pl.DataType] = {
+    "step_index": pl.Int64(),
+    "latest_rank": pl.Int64(),
+    "lateness_ns": pl.Float64(),
+    "median_gpu_span_ns": pl.Float64(),
+    "spread": pl.Float64(),
 }
 PHASE_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -158,13 +196,78 @@ class Analysis:
     @cached_property
     def steps(self) -> pl.DataFrame:
         """One row per rank × step (the report's ``ranks[].steps``): CPU time of the step range,
-        GPU span, NCCL time (union of NCCL kernels), NCCL share of the span, DtoD / peer copies."""
+        GPU span, NCCL time (union of NCCL kernels), NCCL share of the span, DtoD / peer copies;
+        the NCCL time of the step's matched collectives split into waiting for the last rank and
+        transfer (``nccl_wait_ns``, ``nccl_transfer_ns``); the step's GPU time over its period
+        (``period_ns``) broken down into ``compute_ns``, ``comm_ns`` (exposed NCCL: ``comm_wait_ns``
+        + ``comm_transfer_ns``), ``copy_ns``, ``idle_host_ns`` (the GPU waited for its host) and
+        ``idle_other_ns``; ``lateness_ns``, the rank's median arrival after the first rank's at the
+        step's collectives. Null where the report is (one rank, nothing matched, clocks not trusted).
+
+        The rank × step lateness table: ``run.steps.pivot("rank", index="step_index", values="lateness_ns")``.
+        """
         rows = [
             {**step, "rank": rank["rank"], "step_index": step["index"]}
             for rank in self.report["ranks"]
             for step in rank["steps"]
         ]
         return _frame(rows, STEP_SCHEMA)
+
+    @cached_property
+    def waits(self) -> pl.DataFrame:
+        """Who waited for whom, one row per rank (docs/collectives.md): its matched NCCL kernel time
+        split into waiting for the last rank and transfer (``nccl_wait_share`` = wait ÷ both), the
+        matched collective instances it is in, how often it arrived last (``last_arrivals`` of
+        ``last_arrivals_of``) and how late (median, p95), whether it is the run's late rank, and its
+        clock: the capture's base and where it came from, the offset that aligned it and the residual
+        (how well its collective ends agree with the others' after alignment). ``null_reason``: why
+        the split is null for the rank."""
+        late = (self.report["run"].get("metrics") or {}).get("late_rank")
+        clocks = {c["rank"]: c for c in (self.clock_alignment or {}).get("ranks") or []}
+        rows = []
+        for rank in self.report["ranks"]:
+            metrics = rank["metrics"]
+            arrivals = metrics.get("last_arrivals") or {}
+            clock = clocks.get(rank["rank"], {})
+            rows.append(
+                {
+                    **{k: metrics.get(k) for k in WAIT_SCHEMA if k in metrics},
+                    "rank": rank["rank"],
+                    "last_arrivals": arrivals.get("count"),
+                    "last_arrivals_of": arrivals.get("of"),
+                    "median_late_ns": arrivals.get("median_late_ns"),
+                    "p95_late_ns": arrivals.get("p95_late_ns"),
+                    "is_late_rank": None if late is None else late == rank["rank"],
+                    "clock_base_source": clock.get("base_source"),
+                    "clock_base_ns": clock.get("base_ns"),
+                    "clock_offset_ns": clock.get("offset_ns"),
+                    "clock_residual_ns": clock.get("residual_ns"),
+                    "clock_matched": clock.get("matched"),
+                    "null_reason": (metrics.get("null_reasons") or {}).get("nccl_wait_ns"),
+                }
+            )
+        return _frame(rows, WAIT_SCHEMA)
+
+    @cached_property
+    def arrivals(self) -> pl.DataFrame:
+        """Per step index (the report's ``run.arrival_steps``: the 20 with the largest spread, largest
+        first): the rank with the largest median lateness at the step's matched collectives, that
+        lateness, the step's median GPU span across ranks and their ratio (the arrival spread)."""
+        rows = [{**row, "step_index": row["index"]} for row in self.report["run"].get("arrival_steps") or []]
+        return _frame(rows, ARRIVAL_SCHEMA)
+
+    @property
+    def late_rank(self) -> dict[str, Any] | None:
+        """The rank the others waited for (``run.late_rank``): rank, last_arrivals, of, share,
+        median / p95 lateness (ns), the steps it was late in and the phases it launched its late
+        calls from; None when there is none (the reason: ``run.metrics`` ``late_rank``)."""
+        return self.report["run"].get("late_rank")
+
+    @property
+    def clock_alignment(self) -> dict[str, Any] | None:
+        """How the ranks were put on one clock (``run.clock_alignment``): method, reference rank,
+        ``trusted`` and the ``reason`` when not, the residual limit, per rank base / offset / residual."""
+        return self.report["run"].get("clock_alignment")
 
     @cached_property
     def phases(self) -> pl.DataFrame:
