@@ -94,6 +94,130 @@ def collectives_section(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def waits_section(doc: dict[str, Any]) -> list[str]:
+    """Who waits for whom (docs/collectives.md): the clock alignment, the late rank, each rank's
+    NCCL time split into waiting for the last rank and transfer, and each step's GPU time."""
+    run = doc["run"]
+    clock = run.get("clock_alignment")
+    if clock is None or len(doc["ranks"]) < 2:
+        return []
+    lines = ["", "## Who waits for whom", ""]
+    if clock.get("method"):
+        trust = (
+            f"trusted (every residual ≤ {ms(clock['residual_limit_ns'])})"
+            if clock["trusted"]
+            else f"**not trusted**: {clock['reason']}"
+        )
+        lines.append(f"Clocks: {clock['method']}; reference rank {clock['reference_rank']}; {trust}.")
+        lines.append("")
+        lines += table(
+            ["rank", "clock base", "offset", "residual", "matched calls"],
+            [
+                [
+                    str(c["rank"]),
+                    c["base_source"] or "none",
+                    "n/a" if c["offset_ns"] is None else f"{c['offset_ns'] / 1e3:.1f} µs",
+                    "n/a" if c["residual_ns"] is None else f"{c['residual_ns'] / 1e3:.1f} µs",
+                    str(c["matched"]),
+                ]
+                for c in clock["ranks"]
+            ],
+        )
+    else:
+        lines.append(f"Clocks not aligned: {clock.get('reason') or 'no collective to align on'}.")
+    lines.append("")
+    if not clock["trusted"] and clock.get("reason"):
+        lines.append("Without clocks that agree there is no late rank and no wait / transfer split.")
+    else:
+        lines += _late_and_split(doc)
+    lines += _step_time_table(doc)
+    lines += ["", "Definitions: docs/collectives.md (check `collective_wait`)."]
+    return lines
+
+
+def _late_and_split(doc: dict[str, Any]) -> list[str]:
+    """The late rank in a sentence, the run's wait share, and each rank's split."""
+    run = doc["run"]
+    metrics, reasons = run["metrics"], run["metrics"].get("null_reasons", {})
+    lines: list[str] = []
+    late = run.get("late_rank")
+    if late:
+        phases = ", ".join(f"`{p['phase']}` ({p['calls']})" for p in late["launched_in"])
+        lines.append(
+            f"**Rank {late['rank']} is the late rank**: it arrived last at {late['last_arrivals']} of {late['of']} "
+            f"matched collectives ({pct(late['share'])}), median {ms(late['median_late_ns'])} after the first rank "
+            f"(p95 {ms(late['p95_late_ns'])})"
+            + (f", launched in {phases}" if phases else "")
+            + (f"; late in steps {', '.join(map(str, late['steps_late']))}" if late["steps_late"] else "")
+            + "."
+        )
+    else:
+        lines.append(f"No late rank: {reasons.get('late_rank', 'not available')}.")
+    if metrics.get("nccl_wait_share") is not None:
+        lines.append(
+            f"Of the matched collectives' NCCL kernel time, {pct(metrics['nccl_wait_share'])} was waiting for the "
+            f"last rank ({ms(metrics['nccl_wait_ns'])} waiting, {ms(metrics['nccl_transfer_ns'])} transfer)."
+        )
+    else:
+        lines.append(f"Wait and transfer not split: {reasons.get('nccl_wait_share', 'not available')}.")
+    rows = []
+    for rank in doc["ranks"]:
+        m = rank["metrics"]
+        last = m.get("last_arrivals") or {}
+        rows.append(
+            [
+                str(rank["rank"]),
+                ms(m.get("nccl_wait_ns")),
+                ms(m.get("nccl_transfer_ns")),
+                pct(m.get("nccl_wait_share")),
+                f"{last['count']} of {last['of']}" if last else "n/a",
+                ms(last.get("median_late_ns")),
+            ]
+        )
+    lines += ["", *table(["rank", "NCCL wait", "transfer", "wait share", "last to arrive", "median late"], rows)]
+    return lines
+
+
+def _step_time_table(doc: dict[str, Any]) -> list[str]:
+    """Each step's GPU time broken down over its period, with the rank's lateness."""
+    lines: list[str] = []
+    steps = [(rank["rank"], s) for rank in doc["ranks"] for s in rank["steps"] if s.get("period_ns") is not None]
+    if steps:
+        lines += ["", "GPU time of each step (its period: from the previous step's GPU end to its own):", ""]
+        lines += table(
+            [
+                "rank",
+                "step",
+                "period",
+                "compute",
+                "comm wait",
+                "comm transfer",
+                "copies",
+                "idle (host)",
+                "idle (other)",
+                "lateness",
+            ],
+            [
+                [
+                    str(rank_id),
+                    s["name"],
+                    ms(s["period_ns"]),
+                    ms(s["compute_ns"]),
+                    ms(s["comm_wait_ns"]) if s.get("comm_wait_ns") is not None else f"{ms(s['comm_ns'])} (not split)",
+                    ms(s.get("comm_transfer_ns")),
+                    ms(s["copy_ns"]),
+                    ms(s["idle_host_ns"]),
+                    ms(s["idle_other_ns"]),
+                    ms(s.get("lateness_ns")),
+                ]
+                for rank_id, s in steps[:MAX_STEP_ROWS]
+            ],
+        )
+        if len(steps) > MAX_STEP_ROWS:
+            lines.append(f"… {len(steps) - MAX_STEP_ROWS} more rows in the JSON report")
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [f"# traceguard report — {doc['verdict'].upper()}", ""]
     lines.append(f"Profile `{doc['profile']['name']}` · traceguard {doc['traceguard_version']} · {doc['generated_at']}")
@@ -120,6 +244,7 @@ def render(doc: dict[str, Any]) -> str:
     if m.get("null_reasons"):
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
+    lines += waits_section(doc)
     lines += collectives_section(doc)
     lines += workload_section(doc)
     lines += sizes_section(doc)

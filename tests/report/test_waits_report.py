@@ -1,6 +1,8 @@
-"""docs/report.schema.json describes every key of real reports, the cross-rank "who waits for whom"
-fields (clock alignment, late rank, wait / transfer, the step breakdown) included: a key that a
-report carries and the schema does not name fails here, as does a value outside its type or range.
+"""Who waits for whom in the report document and its Markdown: docs/report.schema.json describes
+every key of real reports, the cross-rank fields (clock alignment, late rank, wait / transfer, the
+step breakdown) included — a key that a report carries and the schema does not name fails here, as
+does a value outside its type or range; the Markdown's "Who waits for whom" section says what the
+document says (the HTML charts are tested in real Chromium: test_waits_chromium.py).
 
 Reports of real captures: 2×H200 DDP with 25 MB buckets under nsys (rank 0 late at 110 of 111
 all-reduces), the same job under torch.profiler (rank 1 late), one rank alone (nothing to match),
@@ -17,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 from tests.conftest import OWN, PUBLIC, REPO
 from traceguard.pipeline import analyze
+from traceguard.report import markdown
 
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 VALIDATOR = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
@@ -162,3 +165,64 @@ def test_the_reports_carry_the_fields(reports: dict[str, dict]) -> None:
     untrusted = reports["untrusted"]
     assert untrusted["run"]["clock_alignment"]["trusted"] is False and untrusted["run"]["clock_alignment"]["reason"]
     assert all(s["nccl_wait_ns"] is None and s["lateness_ns"] is None for r in untrusted["ranks"] for s in r["steps"])
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_markdown_says_who_waits_for_whom(reports: dict[str, dict]) -> None:
+    report = reports["nsys"]
+    text = markdown.render(report)
+    section = text[text.index("## Who waits for whom") : text.index("## Collectives by type")]
+    late = report["run"]["late_rank"]
+    assert f"**Rank {late['rank']} is the late rank**: it arrived last at 110 of 111 matched collectives" in section
+    assert "launched in `backward` (110)" in section
+    assert "trusted (every residual ≤ 0.10 ms)" in section
+    clock = _table(section, "| rank | clock base |")
+    assert [(int(r[0]), r[1], r[3]) for r in clock] == [
+        (c["rank"], c["base_source"], f"{c['residual_ns'] / 1e3:.1f} µs")
+        for c in report["run"]["clock_alignment"]["ranks"]
+    ]
+    share = report["run"]["metrics"]["nccl_wait_share"]
+    assert f"{share:.1%} was waiting for the last rank" in section
+    split = _table(section, "| rank | NCCL wait |")
+    assert [(int(r[0]), r[1], r[2], r[4]) for r in split] == [
+        (
+            r["rank"],
+            f"{r['metrics']['nccl_wait_ns'] / 1e6:.2f} ms",
+            f"{r['metrics']['nccl_transfer_ns'] / 1e6:.2f} ms",
+            f"{r['metrics']['last_arrivals']['count']} of {r['metrics']['last_arrivals']['of']}",
+        )
+        for r in report["ranks"]
+    ]
+    steps = _table(section, "| rank | step | period |")
+    assert [(int(r[0]), r[1], r[7], r[9]) for r in steps] == [
+        (r["rank"], s["name"], f"{s['idle_host_ns'] / 1e6:.2f} ms", f"{s['lateness_ns'] / 1e6:.2f} ms")
+        for r in report["ranks"]
+        for s in r["steps"]
+    ]
+
+
+def test_markdown_without_trusted_clocks_or_a_second_rank(reports: dict[str, dict]) -> None:
+    text = markdown.render(reports["untrusted"])
+    section = text[text.index("## Who waits for whom") : text.index("## Collectives by type")]
+    assert "**not trusted**: " + reports["untrusted"]["run"]["clock_alignment"]["reason"] in section
+    assert "no late rank and no wait / transfer split" in section and "is the late rank" not in section
+    # Each rank's own GPU time needs no other rank: still there, its exposed comm not split.
+    assert len(_table(section, "| rank | step | period |")) == sum(
+        len(r["steps"]) for r in reports["untrusted"]["ranks"]
+    )
+    assert "(not split)" in section
+    assert "## Who waits for whom" not in markdown.render(reports["one_rank"])
