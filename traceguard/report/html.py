@@ -1,5 +1,5 @@
-"""HTML report: checks, metrics, the per-rank step breakdown and the NCCL transport matrix as
-Plotly charts.
+"""HTML report: checks, metrics, the per-rank step breakdown, each step's GPU time, the timeline,
+who waits for whom (traceguard.report.waits) and the NCCL transport matrix as Plotly charts.
 
 By default the page embeds plotly.js once, so it opens offline (CI artifacts, air-gapped
 clusters); the service passes ``plotly_src`` to load it from its own static route instead.
@@ -19,6 +19,8 @@ from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.timeline import timeline_figure
 from traceguard.report.units import value_h
+from traceguard.report.waits import section as waits_section
+from traceguard.report.waits import step_time_figure
 
 _STATUS_COLOUR = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "skip": "#6e7781"}
 _CSS = """
@@ -344,6 +346,7 @@ def render(
     parts.append("</table><h2>Charts</h2>")
     for fig_id, fig in (
         ("step-breakdown", step_breakdown_figure(doc)),
+        ("step-time", step_time_figure(doc)),
         ("timeline", timeline_figure(doc)),
         ("nccl-share", nccl_share_figure(doc)),
         ("transport-matrix", transport_figure(doc)),
@@ -357,6 +360,7 @@ def render(
         parts.append(f"<p id='size-regimes' class='muted'>{_e(REGIMES)}</p>")
     if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
+    parts.append(waits_section(doc))
     parts += _collectives_table(doc, collective)
     parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
     metrics = doc["run"]["metrics"]

@@ -3,7 +3,10 @@ as a Chrome / Perfetto trace-event JSON (``traceguard export --perfetto``).
 
 Both read only the report document (metrics/timeline.py made the lanes), never the captures.
 Times are shown from the run's origin: the earliest ``origin_ns`` of its ranks (ranks of one node
-share a clock; ranks on other hosts are on their own host's clock, as in the captures).
+share a clock; ranks on other hosts are on their own host's clock, as in the captures). In the
+figure, when the report's clock alignment is trusted (``run.clock_alignment``), the ranks are put
+on that one aligned clock instead, and each rank gets a lane of its NCCL kernels split into
+waiting for the last rank and transfer (:mod:`traceguard.report.waits`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
+
+from traceguard.report.waits import TRANSFER_COLOUR, WAIT_COLOUR, WAIT_LANE, rank_shifts, wait_lane
 
 #: Lane colours by kind; NCCL lanes by collective type.
 KIND_COLOUR = {
@@ -61,19 +66,59 @@ def _hover(lane: dict[str, Any], i: int) -> str:
     return text
 
 
+def _wait_traces(fig: go.Figure, rank: int, row: str, offset: int, segments: list[tuple[int, int, int]]) -> None:
+    """The rank's matched NCCL kernels on one row: the part before the last rank arrived, then
+    the transfer, in two colours."""
+    for kind, colour, name in (
+        ("wait", WAIT_COLOUR, "NCCL: waiting for the last rank"),
+        ("transfer", TRANSFER_COLOUR, "NCCL: transfer"),
+    ):
+        x: list[float | None] = []
+        y: list[str | None] = []
+        text: list[str | None] = []
+        for start, split, end in segments:
+            lo, hi = (start, split) if kind == "wait" else (split, end)
+            if hi <= lo:
+                continue
+            label = f"{kind} {(hi - lo) / 1e6:.3f} ms of a {(end - start) / 1e6:.3f} ms kernel"
+            x += [(lo + offset) / 1e6, (hi + offset) / 1e6, None]
+            y += [row, row, None]
+            text += [label, label, None]
+        fig.add_scatter(
+            x=x,
+            y=y,
+            mode="lines",
+            line={"color": colour, "width": _LANE_WIDTH},
+            name=name,
+            legendgroup=name,
+            showlegend=not any(trace.name == name for trace in fig.data),
+            hovertext=text,
+            hoverinfo="text",
+            connectgaps=False,
+            meta={"rank": rank, "lane": WAIT_LANE, "kind": kind},
+        )
+
+
 def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
-    """Per rank, one row per lane (steps, phases, compute, NCCL by type, exposed NCCL, memcpy);
-    zoom by dragging across the time axis, double-click to reset."""
+    """Per rank, one row per lane (steps, phases, compute, NCCL by type, the NCCL kernels split
+    into waiting and transfer, exposed NCCL, memcpy); zoom by dragging across the time axis,
+    double-click to reset."""
     ranks = lanes_of(doc)
     if not ranks:
         return None
-    origin = run_origin(ranks)
+    shifts = rank_shifts(doc) or {}
+    aligned = bool(shifts) and all(r["rank"] in shifts for r in ranks)
+    if not aligned:
+        shifts = {}
+    origin = min(int(r["origin_ns"]) + shifts.get(r["rank"], 0) for r in ranks)
+    waits, _ = wait_lane(doc) if aligned else ({}, None)
     fig = go.Figure()
     rows: list[str] = []
     shown_kinds: set[str] = set()
     for rank in sorted(ranks, key=lambda r: r["rank"]):
-        offset = int(rank["origin_ns"]) - origin
-        for lane in rank["lanes"]:
+        offset = int(rank["origin_ns"]) + shifts.get(rank["rank"], 0) - origin
+        last_nccl = max((i for i, lane in enumerate(rank["lanes"]) if lane["kind"] == "nccl"), default=None)
+        for position, lane in enumerate(rank["lanes"]):
             row = f"rank {rank['rank']} · {lane['name']}"
             rows.append(row)
             x: list[float | None] = []
@@ -99,8 +144,16 @@ def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
                 meta={"rank": rank["rank"], "lane": lane["name"], "kind": lane["kind"]},
             )
             shown_kinds.add(legend)
+            if position == last_nccl and waits.get(rank["rank"]):
+                row = f"rank {rank['rank']} · {WAIT_LANE}"
+                rows.append(row)
+                _wait_traces(fig, rank["rank"], row, offset, waits[rank["rank"]])
+    clock = (
+        "the ranks on one clock (aligned by their collectives' ends)" if aligned else "each rank on its capture's clock"
+    )
     fig.update_layout(
-        title="Timeline (exposed = NCCL time no compute kernel overlaps; drag to zoom, double-click to reset)",
+        title="Timeline (exposed = NCCL time no compute kernel overlaps; drag to zoom, double-click to reset)"
+        f"<br><sup>{clock}</sup>",
         xaxis={"title": "ms from the run's first GPU op", "zeroline": False},
         yaxis={
             "categoryorder": "array",

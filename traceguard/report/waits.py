@@ -1,0 +1,369 @@
+"""Who waits for whom, drawn for the HTML report (docs/collectives.md): the late rank, each rank's
+NCCL time split into waiting for the last rank and transfer, the clock alignment, each step's GPU
+time broken down (a stacked bar per rank and step), the rank × step lateness heatmap, and the
+per-kernel wait / transfer lane of the timeline.
+
+Everything is read from the report document. The timeline lane is the one thing not in it as
+such: the report has each rank's NCCL kernels (the timeline's ``nccl:<Collective>`` lanes) and the
+clock alignment (``run.clock_alignment``), so the lane puts each rank's kernels on the aligned
+clock, pairs each kernel with the other ranks' kernel of the same collective type that ends
+nearest to it (the members of a collective end together: mutual nearest ends, within the
+alignment's residual limit), and splits it at the last member's start. It is drawn only when the
+clocks are trusted, the NCCL lanes are not merged (at most 1,500 kernels of a type a rank), and
+its per-rank sums agree with the report's ``nccl_wait_ns`` / ``nccl_transfer_ns`` (they are equal
+on every committed capture); otherwise the page says why and the per-step chart stands alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+from collections import defaultdict
+from typing import Any
+
+import plotly.graph_objects as go
+
+from traceguard.report.units import ms, pct
+
+#: Colours of the step breakdown and the wait / transfer lane (the timeline's compute, exposed and
+#: memcpy colours where the meaning is the same).
+PART_COLOUR = {
+    "compute_ns": "#2da44e",
+    "comm_wait_ns": "#fb8500",
+    "comm_transfer_ns": "#0e7490",
+    "comm_ns": "#cf222e",
+    "copy_ns": "#d4a72c",
+    "idle_host_ns": "#8250df",
+    "idle_other_ns": "#afb8c1",
+}
+PART_NAME = {
+    "compute_ns": "compute",
+    "comm_wait_ns": "comm: waiting for the last rank",
+    "comm_transfer_ns": "comm: transfer",
+    "comm_ns": "comm (not split)",
+    "copy_ns": "copies",
+    "idle_host_ns": "idle: waiting for the host",
+    "idle_other_ns": "idle: other",
+}
+WAIT_COLOUR = PART_COLOUR["comm_wait_ns"]
+TRANSFER_COLOUR = PART_COLOUR["comm_transfer_ns"]
+#: The timeline row of the split.
+WAIT_LANE = "NCCL wait / transfer"
+#: Kernel times at least this large are wall-clock already (the reduce then adds no clock base).
+_WALL_CLOCK_NS = 10**17
+#: How far the lane's per-rank sums may be from the report's split (share of the rank's NCCL time).
+_AGREEMENT = 0.005
+_POINT_TO_POINT = ("SendRecv", "Send", "Recv")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def rank_shifts(doc: dict[str, Any]) -> dict[int, int] | None:
+    """Per rank, what puts its capture-clock times on the run's aligned clock (its clock base,
+    unless its times are wall-clock already, plus its offset); None unless the clocks are trusted."""
+    clock = (doc.get("run") or {}).get("clock_alignment") or {}
+    if not clock.get("trusted"):
+        return None
+    origins = {r["rank"]: int(r["origin_ns"]) for r in (doc.get("timeline") or {}).get("ranks", [])}
+    shifts: dict[int, int] = {}
+    for row in clock.get("ranks") or []:
+        if row.get("offset_ns") is None:
+            return None
+        base = row.get("base_ns") or 0
+        if origins.get(row["rank"], 0) > _WALL_CLOCK_NS:
+            base = 0
+        shifts[row["rank"]] = int(base) + int(row["offset_ns"])
+    return shifts
+
+
+def _nearest(ends: list[int], x: int) -> int | None:
+    i = bisect.bisect_left(ends, x)
+    found = [j for j in (i - 1, i) if 0 <= j < len(ends)]
+    return min(found, key=lambda j: abs(ends[j] - x)) if found else None
+
+
+def wait_lane(doc: dict[str, Any]) -> tuple[dict[int, list[tuple[int, int, int]]], str | None]:
+    """Per rank, its matched NCCL kernels as (start, last member's start, end) on its timeline
+    lanes' scale (ns from its ``origin_ns``, the wait clipped to the kernel), or no segments and
+    the reason they are not drawn (module docstring)."""
+    ranks = (doc.get("timeline") or {}).get("ranks", [])
+    shifts = rank_shifts(doc)
+    if len(doc.get("ranks") or []) < 2:
+        return {}, None
+    if shifts is None:
+        reason = ((doc.get("run") or {}).get("clock_alignment") or {}).get("reason")
+        return (
+            {},
+            "the ranks' clocks are not trusted (see the clock alignment)" if reason else "the clocks are not aligned",
+        )
+    limit = int(doc["run"]["clock_alignment"].get("residual_limit_ns") or 0)
+    lanes: dict[str, dict[int, list[tuple[int, int, int, int]]]] = defaultdict(dict)
+    merged = []
+    for rank in ranks:
+        if rank["rank"] not in shifts:
+            continue
+        for lane in rank["lanes"]:
+            if lane["kind"] != "nccl":
+                continue
+            if lane.get("merged_from", len(lane["start"])) > len(lane["start"]):
+                merged.append(f"rank {rank['rank']} {lane['name']}")
+                continue
+            at = int(rank["origin_ns"]) + shifts[rank["rank"]]
+            lanes[lane["name"]][rank["rank"]] = sorted(
+                (at + e, at + s, s, e) for s, e in zip(lane["start"], lane["end"], strict=True)
+            )
+    if merged:
+        return {}, (
+            f"the timeline's NCCL lanes are merged at this size ({', '.join(merged[:3])}"
+            f"{', …' if len(merged) > 3 else ''}), so single kernels cannot be split"
+        )
+    out: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for name, by_rank in lanes.items():
+        members = sorted(by_rank)
+        if len(members) < 2 or (name.split(":")[-1] in _POINT_TO_POINT and len(members) > 2):
+            continue  # point-to-point among several pairs: which kernels are peers is not in the lanes
+        reference = by_rank[members[0]]
+        reference_ends = [k[0] for k in reference]
+        pairs: dict[int, dict[int, int]] = {}
+        for rank in members[1:]:
+            ends = [k[0] for k in by_rank[rank]]
+            pairs[rank] = {}
+            for i, kernel in enumerate(reference):
+                j = _nearest(ends, kernel[0])
+                if j is not None and abs(ends[j] - kernel[0]) <= limit and _nearest(reference_ends, ends[j]) == i:
+                    pairs[rank][i] = j
+        for i, kernel in enumerate(reference):
+            if not all(i in pairs[rank] for rank in members[1:]):
+                continue
+            group = [(members[0], kernel)] + [(rank, by_rank[rank][pairs[rank][i]]) for rank in members[1:]]
+            last = max(k[1] for _, k in group)
+            for rank, (_, aligned_start, start, end) in group:
+                out[rank].append((start, start + min(max(last - aligned_start, 0), end - start), end))
+    for rank in doc["ranks"]:
+        metrics = rank["metrics"]
+        wait, transfer = metrics.get("nccl_wait_ns"), metrics.get("nccl_transfer_ns")
+        if wait is None or transfer is None:
+            continue
+        segments = out.get(rank["rank"], [])
+        drawn_wait = sum(split - start for start, split, _ in segments)
+        drawn_transfer = sum(end - split for _, split, end in segments)
+        allowed = _AGREEMENT * max(wait + transfer, 1)
+        if abs(drawn_wait - wait) > allowed or abs(drawn_transfer - transfer) > allowed:
+            return {}, (
+                f"the kernels paired by their ends on rank {rank['rank']} add up to {ms(drawn_wait)} waiting and "
+                f"{ms(drawn_transfer)} transfer, not the analysis' {ms(wait)} and {ms(transfer)}"
+            )
+    return {rank: sorted(segments) for rank, segments in out.items()}, None
+
+
+def step_time_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Per rank and step, a stacked bar of its GPU time over its period: compute, exposed
+    communication split into waiting for the last rank and transfer (or not split), copies, idle
+    waiting for the host, other idle."""
+    steps = [(r["rank"], s) for r in doc["ranks"] for s in r["steps"] if s.get("period_ns") is not None]
+    if not steps:
+        return None
+    labels = [f"r{rank} · {s['name']}" for rank, s in steps]
+    fig = go.Figure()
+    for key in PART_COLOUR:
+        if key == "comm_ns":
+            values = [s["comm_ns"] if s.get("comm_wait_ns") is None else None for _, s in steps]
+        else:
+            values = [s.get(key) for _, s in steps]
+        if all(v is None for v in values):
+            continue
+        fig.add_bar(
+            name=PART_NAME[key],
+            x=labels,
+            y=[None if v is None else v / 1e6 for v in values],
+            marker_color=PART_COLOUR[key],
+            customdata=[
+                [ms(s["period_ns"]), pct((v or 0) / s["period_ns"]) if s["period_ns"] else "n/a"]
+                for (_, s), v in zip(steps, values, strict=True)
+            ],
+            hovertemplate=f"%{{x}} · {PART_NAME[key]}: %{{y:.2f}} ms (%{{customdata[1]}} of the period "
+            "%{customdata[0]})<extra></extra>",
+            meta={"part": key},
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="GPU time of each step: where it went (the period runs from the previous step's GPU end to its own)",
+        yaxis_title="ms",
+        legend={"orientation": "h", "y": -0.25},
+        height=480,
+        margin={"t": 60},
+    )
+    return fig
+
+
+def lateness_figure(doc: dict[str, Any]) -> go.Figure | None:
+    """Heatmap of each rank's lateness at each step's collectives (its median arrival − the
+    earliest member's), the late rank named in the title and on its row."""
+    ranks = [r for r in doc["ranks"] if any(s.get("lateness_ns") is not None for s in r["steps"])]
+    if not ranks:
+        return None
+    late = (doc["run"].get("late_rank") or {}).get("rank")
+    indices = sorted({s["index"] for r in ranks for s in r["steps"] if s.get("lateness_ns") is not None})
+    cells = {(r["rank"], s["index"]): s for r in ranks for s in r["steps"]}
+    rows = [f"rank {r['rank']}" + (" (late)" if r["rank"] == late else "") for r in ranks]
+    z = [
+        [
+            None
+            if cells.get((r["rank"], i), {}).get("lateness_ns") is None
+            else cells[(r["rank"], i)]["lateness_ns"] / 1e6
+            for i in indices
+        ]
+        for r in ranks
+    ]
+    names = [[cells.get((r["rank"], i), {}).get("name", "") for i in indices] for r in ranks]
+    text = [["" if v is None else f"{v:.2f}" for v in row] for row in z]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"step {i}" for i in indices],
+            y=rows,
+            text=text,
+            texttemplate="%{text}",
+            customdata=names,
+            colorscale="Oranges",
+            zmin=0,
+            colorbar={"title": "ms late"},
+            hovertemplate="%{y}, %{x} (%{customdata}): %{z:.3f} ms after the first rank<extra></extra>",
+        )
+    )
+    info = doc["run"].get("late_rank")
+    title = "Arrival lateness at the collectives (median per rank and step, ms after the first rank)"
+    if info:
+        title += f"<br>late rank: {info['rank']}, last at {info['last_arrivals']} of {info['of']} collectives"
+    fig.update_layout(
+        title=title,
+        height=max(280, 46 * len(rows) + 170),
+        yaxis={"autorange": "reversed"},
+        margin={"t": 80},
+    )
+    return fig
+
+
+def section_html(doc: dict[str, Any]) -> str:
+    """The late rank, the wait share, each rank's split and the clock alignment (no charts)."""
+    clock = doc["run"].get("clock_alignment")
+    if clock is None or len(doc["ranks"]) < 2:
+        return ""
+    parts = ["<h2 id='waits'>Who waits for whom</h2>"]
+    if not clock.get("trusted") and clock.get("reason"):
+        parts.append(
+            "<p id='late-rank' class='muted'>Without clocks that agree (see the clock alignment below) there is no "
+            "late rank and no split of NCCL time into waiting and transfer.</p>"
+        )
+    else:
+        parts += _late_and_split(doc)
+    parts += _clock(clock)
+    parts.append(
+        "<p class='muted'>Waiting = the last member's arrival (kernel start) − this rank's, transfer = the rest of "
+        "the kernel; definitions in docs/collectives.md.</p>"
+    )
+    return "\n".join(parts)
+
+
+def _late_and_split(doc: dict[str, Any]) -> list[str]:
+    run = doc["run"]
+    metrics, reasons = run["metrics"], run["metrics"].get("null_reasons", {})
+    late = run.get("late_rank")
+    parts = []
+    if late:
+        phases = ", ".join(f"<code>{_e(p['phase'])}</code> ({_e(p['calls'])})" for p in late["launched_in"])
+        steps = ", ".join(map(str, late["steps_late"]))
+        parts.append(
+            f"<p id='late-rank' data-rank='{_e(late['rank'])}'><b>Rank {_e(late['rank'])} is the late rank</b>: it "
+            f"arrived last at {_e(late['last_arrivals'])} of {_e(late['of'])} matched collectives "
+            f"({_e(pct(late['share']))}), median {_e(ms(late['median_late_ns']))} after the first rank (p95 "
+            f"{_e(ms(late['p95_late_ns']))})"
+            + (f", launched in {phases}" if phases else "")
+            + (f"; late in steps {_e(steps)}" if steps else "")
+            + ".</p>"
+        )
+    else:
+        reason = reasons.get("late_rank", "not available")
+        parts.append(f"<p id='late-rank' class='muted'>No late rank: {_e(reason)}.</p>")
+    if metrics.get("nccl_wait_share") is not None:
+        parts.append(
+            f"<p id='wait-share'>Of the matched collectives' NCCL kernel time, <b>{_e(pct(metrics['nccl_wait_share']))}"
+            f"</b> was waiting for the last rank ({_e(ms(metrics['nccl_wait_ns']))} waiting, "
+            f"{_e(ms(metrics['nccl_transfer_ns']))} transfer); the check <code>collective_wait</code> reads it.</p>"
+        )
+    else:
+        reason = reasons.get("nccl_wait_share", "not available")
+        parts.append(f"<p id='wait-share' class='muted'>Waiting and transfer are not split: {_e(reason)}.</p>")
+    parts.append(
+        "<table id='wait-transfer'><tr><th>rank</th><th>NCCL wait</th><th>transfer</th><th>wait share</th>"
+        "<th>last to arrive</th><th>median late</th></tr>"
+    )
+    for rank in doc["ranks"]:
+        m = rank["metrics"]
+        last = m.get("last_arrivals") or {}
+        mark = " style='font-weight:600'" if late and rank["rank"] == late["rank"] else ""
+        arrived = f"{last['count']} of {last['of']}" if last else "n/a"
+        parts.append(
+            f"<tr data-rank='{_e(rank['rank'])}'{mark}><td>{_e(rank['rank'])}</td>"
+            f"<td>{_e(ms(m.get('nccl_wait_ns')))}</td><td>{_e(ms(m.get('nccl_transfer_ns')))}</td>"
+            f"<td>{_e(pct(m.get('nccl_wait_share')))}</td><td>{_e(arrived)}</td>"
+            f"<td>{_e(ms(last.get('median_late_ns')))}</td></tr>"
+        )
+    parts.append("</table>")
+    return parts
+
+
+def _clock(clock: dict[str, Any]) -> list[str]:
+    parts = ["<h3 id='clock'>Clock alignment</h3>"]
+    if clock.get("method"):
+        trust = (
+            f"trusted: every rank's residual is within {_e(ms(clock['residual_limit_ns']))}"
+            if clock["trusted"]
+            else f"<b>not trusted</b>: {_e(clock['reason'])}"
+        )
+        parts.append(
+            f"<p id='clock-method'>Method: {_e(clock['method'])}; calls matched by {_e(clock.get('matching', 'n/a'))}; "
+            f"reference rank {_e(clock['reference_rank'])}; {trust}.</p>"
+        )
+    else:
+        reason = clock.get("reason") or "nothing matched"
+        parts.append(f"<p id='clock-method' class='muted'>Not aligned: {_e(reason)}.</p>")
+    trusted = "true" if clock.get("trusted") else "false"
+    parts.append(
+        f"<table id='clock-alignment' data-trusted='{trusted}'><tr><th>rank</th><th>clock base</th><th>base (ns since "
+        "the epoch)</th><th>offset</th><th>residual</th><th>matched calls</th></tr>"
+    )
+    for row in clock.get("ranks") or []:
+        offset = "n/a" if row["offset_ns"] is None else f"{row['offset_ns'] / 1e3:.1f} µs"
+        residual = "n/a" if row["residual_ns"] is None else f"{row['residual_ns'] / 1e3:.1f} µs"
+        base = "n/a" if row["base_ns"] is None else row["base_ns"]
+        parts.append(
+            f"<tr data-rank='{_e(row['rank'])}'><td>{_e(row['rank'])}</td><td>{_e(row['base_source'] or 'none')}</td>"
+            f"<td>{_e(base)}</td><td>{_e(offset)}</td><td>{_e(residual)}</td><td>{_e(row['matched'])}</td></tr>"
+        )
+    parts.append("</table>")
+    return parts
+
+
+def section(doc: dict[str, Any]) -> str:
+    """The report page's "Who waits for whom" section: :func:`section_html`, the lateness heatmap,
+    and whether the timeline has the wait / transfer lane (and why not)."""
+    head = section_html(doc)
+    if not head:
+        return ""
+    parts = ["<section id='who-waits'>", head]
+    fig = lateness_figure(doc)
+    if fig is not None:
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id="lateness"))
+    lanes, why = wait_lane(doc)
+    if lanes:
+        parts.append(
+            f"<p id='wait-lane-note' class='muted'>The timeline's <i>{_e(WAIT_LANE)}</i> row splits each matched NCCL "
+            "kernel of a rank at the last member's arrival: waiting (orange), then transfer (teal).</p>"
+        )
+    elif why:
+        parts.append(f"<p id='wait-lane-note' class='muted'>No wait / transfer row on the timeline: {_e(why)}.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
