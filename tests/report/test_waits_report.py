@@ -6,7 +6,8 @@ document says (the HTML charts are tested in real Chromium: test_waits_chromium.
 
 Reports of real captures: 2×H200 DDP with 25 MB buckets under nsys (rank 0 late at 110 of 111
 all-reduces), the same job under torch.profiler (rank 1 late), one rank alone (nothing to match),
-and HTA's sampled pair of ranks, whose clocks cannot be trusted (every split field null).
+HTA's sampled pair of ranks, whose clocks cannot be trusted (every split field null), and a gloo
+pair on CPU whose rank 1 sleeps 40 ms a step (arrivals and the late rank, no split).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "kineto": analyze([str(H200 / "p2p_torch")]).report,
             "one_rank": analyze([str(H200 / "p2p_nsys" / "cap_0.sqlite.gz")]).report,
             "untrusted": analyze([str(HTA).format(0), str(HTA).format(1)]).report,
+            "cpu": analyze([str(OWN / "slow_rank_cpu" / "torch")]).report,
         }
 
 
@@ -113,7 +115,7 @@ def undescribed(doc: Any, node: Any = SCHEMA, path: str = "") -> set[str]:
     return missing
 
 
-@pytest.mark.parametrize("name", ["nsys", "kineto", "one_rank", "untrusted"])
+@pytest.mark.parametrize("name", ["nsys", "kineto", "one_rank", "untrusted", "cpu"])
 def test_every_key_is_described_and_valid(reports: dict[str, dict], name: str) -> None:
     report = reports[name]
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(report)]
@@ -226,3 +228,13 @@ def test_markdown_without_trusted_clocks_or_a_second_rank(reports: dict[str, dic
     )
     assert "(not split)" in section
     assert "## Who waits for whom" not in markdown.render(reports["one_rank"])
+
+
+def test_markdown_of_a_cpu_run_names_the_late_rank_without_a_split(reports: dict[str, dict]) -> None:
+    report = reports["cpu"]
+    assert report["run"]["late_rank"]["rank"] == 1 and report["run"]["metrics"]["nccl_wait_share"] is None
+    text = markdown.render(report)
+    section = text[text.index("## Who waits for whom") : text.index("## Collectives by type")]
+    assert "trusted (the ranks share one host's clock)" in section
+    assert "**Rank 1 is the late rank**" in section
+    assert "Wait and transfer not split: " + report["run"]["metrics"]["null_reasons"]["nccl_wait_share"] in section

@@ -103,11 +103,13 @@ def waits_section(doc: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## Who waits for whom", ""]
     if clock.get("method"):
-        trust = (
-            f"trusted (every residual ≤ {ms(clock['residual_limit_ns'])})"
-            if clock["trusted"]
-            else f"**not trusted**: {clock['reason']}"
-        )
+        measured = any(c["residual_ns"] is not None for c in clock["ranks"])
+        if not clock["trusted"]:
+            trust = f"**not trusted**: {clock['reason']}"
+        elif measured:
+            trust = f"trusted (every residual ≤ {ms(clock['residual_limit_ns'])})"
+        else:
+            trust = "trusted (the ranks share one host's clock)"
         lines.append(f"Clocks: {clock['method']}; reference rank {clock['reference_rank']}; {trust}.")
         lines.append("")
         lines += table(
@@ -127,7 +129,8 @@ def waits_section(doc: dict[str, Any]) -> list[str]:
         lines.append(f"Clocks not aligned: {clock.get('reason') or 'no collective to align on'}.")
     lines.append("")
     if not clock["trusted"] and clock.get("reason"):
-        lines.append("Without clocks that agree there is no late rank and no wait / transfer split.")
+        why = "Without clocks that agree" if clock.get("method") else "With nothing to align on"
+        lines.append(f"{why} there is no late rank and no wait / transfer split.")
     else:
         lines += _late_and_split(doc)
     lines += _step_time_table(doc)

@@ -66,7 +66,8 @@ def rank_shifts(doc: dict[str, Any]) -> dict[int, int] | None:
     clock = (doc.get("run") or {}).get("clock_alignment") or {}
     if not clock.get("trusted"):
         return None
-    origins = {r["rank"]: int(r["origin_ns"]) for r in (doc.get("timeline") or {}).get("ranks", [])}
+    timeline = (doc.get("timeline") or {}).get("ranks", [])
+    origins = {r["rank"]: int(r["origin_ns"]) for r in timeline if r.get("origin_ns") is not None}
     shifts: dict[int, int] = {}
     for row in clock.get("ranks") or []:
         if row.get("offset_ns") is None:
@@ -102,7 +103,7 @@ def wait_lane(doc: dict[str, Any]) -> tuple[dict[int, list[tuple[int, int, int]]
     lanes: dict[str, dict[int, list[tuple[int, int, int, int]]]] = defaultdict(dict)
     merged = []
     for rank in ranks:
-        if rank["rank"] not in shifts:
+        if rank["rank"] not in shifts or rank.get("origin_ns") is None:
             continue
         for lane in rank["lanes"]:
             if lane["kind"] != "nccl":
@@ -253,9 +254,10 @@ def section_html(doc: dict[str, Any]) -> str:
         return ""
     parts = ["<h2 id='waits'>Who waits for whom</h2>"]
     if not clock.get("trusted") and clock.get("reason"):
+        why = "Without clocks that agree" if clock.get("method") else "With nothing to align the clocks on"
         parts.append(
-            "<p id='late-rank' class='muted'>Without clocks that agree (see the clock alignment below) there is no "
-            "late rank and no split of NCCL time into waiting and transfer.</p>"
+            f"<p id='late-rank' class='muted'>{why} (see the clock alignment below) there is no late rank and no "
+            "split of NCCL time into waiting and transfer.</p>"
         )
     else:
         parts += _late_and_split(doc)
@@ -318,11 +320,12 @@ def _late_and_split(doc: dict[str, Any]) -> list[str]:
 def _clock(clock: dict[str, Any]) -> list[str]:
     parts = ["<h3 id='clock'>Clock alignment</h3>"]
     if clock.get("method"):
-        trust = (
-            f"trusted: every rank's residual is within {_e(ms(clock['residual_limit_ns']))}"
-            if clock["trusted"]
-            else f"<b>not trusted</b>: {_e(clock['reason'])}"
-        )
+        if not clock["trusted"]:
+            trust = f"<b>not trusted</b>: {_e(clock['reason'])}"
+        elif any(row["residual_ns"] is not None for row in clock.get("ranks") or []):
+            trust = f"trusted: every rank's residual is within {_e(ms(clock['residual_limit_ns']))}"
+        else:
+            trust = "trusted: the ranks share one host's clock"
         parts.append(
             f"<p id='clock-method'>Method: {_e(clock['method'])}; calls matched by {_e(clock.get('matching', 'n/a'))}; "
             f"reference rank {_e(clock['reference_rank'])}; {trust}.</p>"
