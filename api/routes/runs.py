@@ -413,13 +413,15 @@ def get_links(
 ) -> LinkTables:
     """Collective statistics per rank and message size (latency, algbw/busbw), collectives by type
     (window totals per rank), the point-to-point rank × peer matrix, and the NCCL transport map
-    (every channel connection from the NCCL_DEBUG logs, and the rank × peer transport matrix).
-    ``collective`` keeps that type's rows (and the peer matrix only for a point-to-point type)."""
+    (every channel connection from the NCCL_DEBUG logs, and the rank × peer transport matrix), and
+    who waited for whom: per rank its NCCL time waiting for the last rank vs transfer, its last
+    arrivals and clock, and the run's late rank (docs/collectives.md). ``collective`` keeps that
+    type's rows (and the peer matrix only for a point-to-point type)."""
     run = _visible(session, who.project_id, run_id)
     collective = check_collective(collective)
     peers_wanted = collective is None or collective in ("SendRecv", "Send", "Recv")
     links = results.connections(session, run.id)
-    ranks = results.rank_results(session, run.id, rank)
+    ranks = results.rank_results(session, run.id)  # the late rank is the run's, whichever rank is asked for
     matrix: dict[str, dict[str, str]] = {}
     for (rank_, peer), kinds in pair_transports((c.rank, c.peer, c.transport) for c in links).items():
         matrix.setdefault(str(rank_), {})[str(peer)] = kinds
@@ -435,6 +437,6 @@ def get_links(
         peers=[peer_row(p) for p in results.peer_traffic(session, run.id, rank)] if peers_wanted else [],
         connections=[ConnectionRow.model_validate(c, from_attributes=True) for c in links],
         transport_matrix=matrix,
-        waits=[rank_wait_row(r) for r in ranks],
+        waits=[rank_wait_row(r) for r in ranks if rank is None or r.rank == rank],
         late_rank=next((r.rank for r in ranks if r.is_late_rank), None),
     )
