@@ -77,6 +77,8 @@ WAIT_SCHEMA: dict[str, pl.DataType] = {
     "clock_matched": pl.Int64(),
     "null_reason": pl.String(),
 }
+#: The rank metrics ``waits`` takes as they are (the rest it unpacks or joins).
+WAIT_METRICS = ("nccl_wait_ns", "nccl_transfer_ns", "nccl_wait_share", "collective_instances_matched")
 ARRIVAL_SCHEMA: dict[str, pl.DataType] = {
     "step_index": pl.Int64(),
     "latest_rank": pl.Int64(),
@@ -231,7 +233,7 @@ class Analysis:
             clock = clocks.get(rank["rank"], {})
             rows.append(
                 {
-                    **{k: metrics.get(k) for k in WAIT_SCHEMA if k in metrics},
+                    **{k: metrics.get(k) for k in WAIT_METRICS},
                     "rank": rank["rank"],
                     "last_arrivals": arrivals.get("count"),
                     "last_arrivals_of": arrivals.get("of"),
