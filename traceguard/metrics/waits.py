@@ -52,6 +52,8 @@ RESIDUAL_LIMIT_NS = 100_000
 MIN_MATCHED = 3
 #: Calls by which one rank's window may start earlier or later than another's (order matching).
 MAX_SHIFT = 4
+#: Matched calls a rank's wait / transfer lane draws one by one (the timeline's segment budget).
+LANE_CALLS = 1500
 #: Event times this large are wall-clock already (old Kineto traces write µs since the epoch).
 _EPOCH_SCALE_NS = 10**17
 MARKER_SOURCES = frozenset({"pattern", "convention"})
@@ -89,6 +91,9 @@ class WaitResult:
     transfer_medians: pl.DataFrame | None = None
     #: Per step index: the latest rank's median lateness (for the straggler rule).
     arrival_steps: list[dict[str, Any]] = field(default_factory=list)
+    #: Per rank, its matched calls for the timeline, on its own clock: {"start", "split", "end"}
+    #: (split = start + wait), or {"null_reason"} when there are more than :data:`LANE_CALLS`.
+    lanes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 #: Rank metrics the reduce fills (null with a reason when it cannot).
@@ -144,6 +149,7 @@ def reduce_waits(instances: Sequence[tuple[RankClock, pl.DataFrame]]) -> WaitRes
         pl.col("phase").cast(pl.Categorical),
         "lo",
         "hi",
+        pl.col("start").alias("own_start"),  # the rank's own clock: what its timeline lanes are on
         *(pl.col(c) - origin for c in ("at_start", "at_end", "at_until")),
     )
     by_step = all(c.step_source in MARKER_SOURCES for c, _ in instances) and every["step"].null_count() == 0
@@ -497,6 +503,22 @@ def _split(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> None:
     sums = calls.group_by("rank").agg(
         pl.col("wait_ns").sum(), pl.col("transfer_ns").sum(), pl.col("estimated").sum().alias("estimated")
     )
+    for (rank,), own in calls.select("rank", "own_start", "wait_ns", "transfer_ns").sort("own_start").partition_by(
+        "rank", as_dict=True
+    ).items():
+        if own.height > LANE_CALLS:
+            result.lanes[int(rank)] = {
+                "null_reason": f"{own.height:,} matched calls on this rank, more than the {LANE_CALLS:,} the timeline "
+                "draws one by one: the split is in the step rows"
+            }
+            continue
+        start = own["own_start"]
+        split = start + own["wait_ns"]
+        result.lanes[int(rank)] = {
+            "start": start.to_list(),
+            "split": split.to_list(),
+            "end": (split + own["transfer_ns"]).to_list(),
+        }
     total_wait = total_transfer = 0
     for rank, wait_ns, transfer_ns, estimated in sums.iter_rows():
         row = result.per_rank.setdefault(int(rank), {})

@@ -157,6 +157,22 @@ def _collectives(frame: pl.DataFrame) -> list[dict[str, Any]]:
     return frame.to_dicts() if frame.height else []
 
 
+def _with_wait_lane(timeline: dict[str, Any], result: RunResult | None, rank: int) -> dict[str, Any]:
+    """The rank's timeline with ``wait_lane``: its matched NCCL kernels split at the last member's
+    arrival, ns from ``origin_ns`` like the lanes ({"start", "split", "end"}), or {"null_reason"}."""
+    lanes = result.waits.lanes if result and result.waits else {}
+    origin = timeline.get("origin_ns")
+    if rank not in lanes:
+        reason = (result.waits.null_reasons.get("nccl_wait_share") if result and result.waits else None) or (
+            "no collective of this rank was matched"
+        )
+        return {**timeline, "wait_lane": {"null_reason": reason}}
+    lane = lanes[rank]
+    if "null_reason" in lane or origin is None:
+        return {**timeline, "wait_lane": {"null_reason": lane.get("null_reason", "the rank has no timeline origin")}}
+    return {**timeline, "wait_lane": {k: [v - origin for v in lane[k]] for k in ("start", "split", "end")}}
+
+
 def build(
     inputs: list[InputRecord],
     result: RunResult | None,
@@ -239,7 +255,7 @@ def build(
         "checks": [c.to_dict() for c in checks],
         "timeline": {
             "unit": "ns",
-            "ranks": [r.timeline for r in ranks if r.timeline],
+            "ranks": [_with_wait_lane(r.timeline, result, r.rank) for r in ranks if r.timeline],
         },
         "nccl": nccl_document(side.nccl, nvlink_pairs=side.nvlink_pairs) if side and side.nccl else None,
         "side_inputs": {

@@ -3,22 +3,15 @@ NCCL time split into waiting for the last rank and transfer, the clock alignment
 time broken down (a stacked bar per rank and step), the rank × step lateness heatmap, and the
 per-kernel wait / transfer lane of the timeline.
 
-Everything is read from the report document. The timeline lane is the one thing not in it as
-such: the report has each rank's NCCL kernels (the timeline's ``nccl:<Collective>`` lanes) and the
-clock alignment (``run.clock_alignment``), so the lane puts each rank's kernels on the aligned
-clock, pairs each kernel with the other ranks' kernel of the same collective type that ends
-nearest to it (the members of a collective end together: mutual nearest ends, within the
-alignment's residual limit), and splits it at the last member's start. It is drawn only when the
-clocks are trusted, the NCCL lanes are not merged (at most 1,500 kernels of a type a rank), and
-its per-rank sums agree with the report's ``nccl_wait_ns`` / ``nccl_transfer_ns`` (they are equal
-on every committed capture); otherwise the page says why and the per-step chart stands alone.
+Everything is read from the report document, the timeline lane too: the analysis gives each
+rank's matched NCCL kernels split at the last member's arrival (``timeline.ranks[].wait_lane``,
+metrics.waits), drawn when the clocks are trusted and a rank has at most 1,500 matched calls;
+otherwise the page says why and the per-step chart stands alone.
 """
 
 from __future__ import annotations
 
-import bisect
 import html
-from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
@@ -51,9 +44,6 @@ TRANSFER_COLOUR = PART_COLOUR["comm_transfer_ns"]
 WAIT_LANE = "NCCL wait / transfer"
 #: Kernel times at least this large are wall-clock already (the reduce then adds no clock base).
 _WALL_CLOCK_NS = 10**17
-#: How far the lane's per-rank sums may be from the report's split (share of the rank's NCCL time).
-_AGREEMENT = 0.005
-_POINT_TO_POINT = ("SendRecv", "Send", "Recv")
 
 
 def _e(value: Any) -> str:
@@ -79,84 +69,27 @@ def rank_shifts(doc: dict[str, Any]) -> dict[int, int] | None:
     return shifts
 
 
-def _nearest(ends: list[int], x: int) -> int | None:
-    i = bisect.bisect_left(ends, x)
-    found = [j for j in (i - 1, i) if 0 <= j < len(ends)]
-    return min(found, key=lambda j: abs(ends[j] - x)) if found else None
-
-
 def wait_lane(doc: dict[str, Any]) -> tuple[dict[int, list[tuple[int, int, int]]], str | None]:
-    """Per rank, its matched NCCL kernels as (start, last member's start, end) on its timeline
-    lanes' scale (ns from its ``origin_ns``, the wait clipped to the kernel), or no segments and
-    the reason they are not drawn (module docstring)."""
-    ranks = (doc.get("timeline") or {}).get("ranks", [])
-    shifts = rank_shifts(doc)
+    """Per rank, its matched NCCL kernels as (start, last member's arrival, end) on its timeline
+    lanes' scale (ns from its ``origin_ns``), from the analysis (``timeline.ranks[].wait_lane``),
+    or no segments and the reason they are not drawn."""
     if len(doc.get("ranks") or []) < 2:
         return {}, None
-    if shifts is None:
-        reason = ((doc.get("run") or {}).get("clock_alignment") or {}).get("reason")
-        return (
-            {},
-            "the ranks' clocks are not trusted (see the clock alignment)" if reason else "the clocks are not aligned",
-        )
-    limit = int(doc["run"]["clock_alignment"].get("residual_limit_ns") or 0)
-    lanes: dict[str, dict[int, list[tuple[int, int, int, int]]]] = defaultdict(dict)
-    merged = []
-    for rank in ranks:
-        if rank["rank"] not in shifts or rank.get("origin_ns") is None:
-            continue
-        for lane in rank["lanes"]:
-            if lane["kind"] != "nccl":
-                continue
-            if lane.get("merged_from", len(lane["start"])) > len(lane["start"]):
-                merged.append(f"rank {rank['rank']} {lane['name']}")
-                continue
-            at = int(rank["origin_ns"]) + shifts[rank["rank"]]
-            lanes[lane["name"]][rank["rank"]] = sorted(
-                (at + e, at + s, s, e) for s, e in zip(lane["start"], lane["end"], strict=True)
-            )
-    if merged:
-        return {}, (
-            f"the timeline's NCCL lanes are merged at this size ({', '.join(merged[:3])}"
-            f"{', …' if len(merged) > 3 else ''}), so single kernels cannot be split"
-        )
-    out: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for name, by_rank in lanes.items():
-        members = sorted(by_rank)
-        if len(members) < 2 or (name.split(":")[-1] in _POINT_TO_POINT and len(members) > 2):
-            continue  # point-to-point among several pairs: which kernels are peers is not in the lanes
-        reference = by_rank[members[0]]
-        reference_ends = [k[0] for k in reference]
-        pairs: dict[int, dict[int, int]] = {}
-        for rank in members[1:]:
-            ends = [k[0] for k in by_rank[rank]]
-            pairs[rank] = {}
-            for i, kernel in enumerate(reference):
-                j = _nearest(ends, kernel[0])
-                if j is not None and abs(ends[j] - kernel[0]) <= limit and _nearest(reference_ends, ends[j]) == i:
-                    pairs[rank][i] = j
-        for i, kernel in enumerate(reference):
-            if not all(i in pairs[rank] for rank in members[1:]):
-                continue
-            group = [(members[0], kernel)] + [(rank, by_rank[rank][pairs[rank][i]]) for rank in members[1:]]
-            last = max(k[1] for _, k in group)
-            for rank, (_, aligned_start, start, end) in group:
-                out[rank].append((start, start + min(max(last - aligned_start, 0), end - start), end))
-    for rank in doc["ranks"]:
-        metrics = rank["metrics"]
-        wait, transfer = metrics.get("nccl_wait_ns"), metrics.get("nccl_transfer_ns")
-        if wait is None or transfer is None:
-            continue
-        segments = out.get(rank["rank"], [])
-        drawn_wait = sum(split - start for start, split, _ in segments)
-        drawn_transfer = sum(end - split for _, split, end in segments)
-        allowed = _AGREEMENT * max(wait + transfer, 1)
-        if abs(drawn_wait - wait) > allowed or abs(drawn_transfer - transfer) > allowed:
-            return {}, (
-                f"the kernels paired by their ends on rank {rank['rank']} add up to {ms(drawn_wait)} waiting and "
-                f"{ms(drawn_transfer)} transfer, not the analysis' {ms(wait)} and {ms(transfer)}"
-            )
-    return {rank: sorted(segments) for rank, segments in out.items()}, None
+    clock = (doc.get("run") or {}).get("clock_alignment") or {}
+    if not clock.get("trusted"):
+        reason = clock.get("reason")
+        return {}, f"the ranks' clocks are not trusted ({reason})" if reason else "the clocks are not aligned"
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    reasons = []
+    for rank in (doc.get("timeline") or {}).get("ranks", []):
+        lane = rank.get("wait_lane") or {}
+        if lane.get("null_reason"):
+            reasons.append(f"rank {rank['rank']}: {lane['null_reason']}")
+        elif lane.get("start"):
+            out[rank["rank"]] = list(zip(lane["start"], lane["split"], lane["end"], strict=True))
+    if reasons and not out:
+        return {}, "; ".join(reasons[:2])
+    return out, None
 
 
 def step_time_figure(doc: dict[str, Any]) -> go.Figure | None:
