@@ -49,7 +49,7 @@ import polars as pl
 
 from traceguard.metrics import copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
-from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
+from traceguard.metrics.breakdown import StepBreakdown, feed_arrays, op_arrays, periods
 from traceguard.metrics.rank import (
     STEP_NCCL_COLUMNS,
     RankInputs,
@@ -432,7 +432,9 @@ def _finish(
     # Each slice's own sums and arrays are taken on the read-ahead thread while this one feeds
     # the unions, which need the slices in order (pass 2 had a core to itself otherwise).
     prepared = (
-        _second_pass_slice(path, spans, pid_of_step, launched_expr, bubble=two.bubble is not None, busy=want_busy)
+        _second_pass_slice(
+            path, spans, pid_of_step, launched_expr, bubble=two.bubble is not None, busy=want_busy, steps=two.breakdown
+        )
         for path in spilled
     )
     for part in prefetched(prepared):
@@ -590,8 +592,6 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
 class _Pass2Slice:
     """What pass 2 takes from one spilled slice before feeding it in order (:func:`_second_pass`)."""
 
-    #: Every timed op of the slice for the step breakdown (metrics.breakdown.slice_arrays).
-    breakdown: OpArrays
     counts: dict[str, int]
     pageable: tuple[int, int, int]
     devices: list[int | None]
@@ -613,10 +613,21 @@ class _Pass2Slice:
 
 
 def _second_pass_slice(
-    path: Path, spans: pl.DataFrame, pid_of_step: pl.DataFrame, launched: pl.Expr, *, bubble: bool, busy: bool
+    path: Path,
+    spans: pl.DataFrame,
+    pid_of_step: pl.DataFrame,
+    launched: pl.Expr,
+    *,
+    bubble: bool,
+    busy: bool,
+    steps: StepBreakdown | None = None,
 ) -> _Pass2Slice:
-    """One spilled slice read back and reduced to what :func:`_second_pass` feeds (no state)."""
+    """One spilled slice read back and reduced to what :func:`_second_pass` feeds. ``steps`` is
+    fed here, on the read-ahead thread (slices come in order), so that no slice's columns wait in
+    the read-ahead queue for it: the step breakdown is its only state."""
     ops = pl.read_ipc(path)
+    if steps is not None:
+        feed_arrays(steps, op_arrays(ops))
     mask = window_mask(ops, spans, pid_of_step)
     window = ops.filter(mask)
     timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
@@ -645,7 +656,6 @@ def _second_pass_slice(
         busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
         busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
     return _Pass2Slice(
-        breakdown=op_arrays(ops),
         counts=copies.copy_counts(window),
         pageable=copies.pageable_bytes(window),
         devices=window["device"].unique().to_list(),
@@ -669,8 +679,6 @@ def _second_pass(
     copies_lane: SegmentReducer,
 ) -> None:
     """Feed one slice of pass 2, in order (module docstring)."""
-    if two.breakdown is not None:
-        feed_arrays(two.breakdown, part.breakdown)
     counts = part.counts
     two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
     two.pageable = tuple(a + b for a, b in zip(two.pageable, part.pageable, strict=True))  # type: ignore[assignment]
