@@ -314,12 +314,14 @@ def test_the_c_loop_equals_the_numpy_one(unpacked) -> None:
     ops = nccl.mark_nccl(ops, capture.strings)
     bounds, indices = breakdown.periods(resolved.steps, step_spans(ops), gpu_timed=False)
     arrays = breakdown.op_arrays(ops)
+    assert arrays.runs.size > 2  # kernels, copies and sets: sorted runs the C loop merges
+    order = arrays.order()
     results = []
     for native in (True, False):
         account = breakdown.StepBreakdown(bounds, indices, native=native)
-        for lo in range(0, arrays.start.size, 977):  # odd chunks: carries cross every boundary
-            take = arrays.order[lo : lo + 977] if arrays.order is not None else slice(lo, lo + 977)
-            device = np.full(arrays.start[take].size, arrays.sole_device, dtype=np.int64)
+        for lo in range(0, arrays.start.size, 977):  # odd chunks in start order: carries cross every boundary
+            take = order[lo : lo + 977]
+            device = np.full(take.size, arrays.sole_device, dtype=np.int64)
             account.feed(
                 device,
                 arrays.start[take],
@@ -328,6 +330,10 @@ def test_the_c_loop_equals_the_numpy_one(unpacked) -> None:
                 arrays.category[take],
             )
         results.append(account.rows())
+    merged = breakdown.StepBreakdown(bounds, indices)
+    breakdown.feed_arrays(merged, arrays)  # the runs as they are, merged in C
+    results.append(merged.rows())
+    assert results[0] == results[2]
     assert results[0] == results[1]
     assert results[0] == breakdown.whole_breakdown(ops, bounds, indices)
     assert len(results[0]) == 3 and all(r["compute_ns"] > 0 and r["comm_ns"] > 0 for r in results[0].values())

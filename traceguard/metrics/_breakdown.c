@@ -4,8 +4,9 @@
  * and each idle gap of the last, to the periods it covers. NumPy needs ~30 passes over the ops for
  * the same (≈1 s at 11 M ops on 2 cores); this loop needs one (≈0.05 s).
  *
- * feed(start, end, launch, category, bounds, sums, state)
- *   start, end, launch: int64 buffers of one length (launch -1: unknown), sorted by start;
+ * feed(start, end, launch, category, runs, bounds, sums, state)
+ *   start, end, launch: int64 buffers of one length (launch -1: unknown), in sorted runs;
+ *   runs: int64 bounds of those runs (0, ..., n), merged by start here;
  *   category: int8 buffer (0 compute, 1 NCCL, 2 copy); bounds: int64 period bounds (P ≥ 2);
  *   sums: writable int64 buffer of 5 × (P − 1) (rows: compute, compute+NCCL, busy, idle host,
  *   idle other); state: writable int64 buffer of 14 (per union: open?, start, end — the busy
@@ -48,53 +49,77 @@ static int get(PyObject *obj, Py_buffer *view, int writable, const char *what) {
     return 0;
 }
 
-static PyObject *feed(PyObject *module, PyObject *args) {
-    PyObject *o_start, *o_end, *o_launch, *o_cat, *o_bounds, *o_sums, *o_state;
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &o_start, &o_end, &o_launch, &o_cat, &o_bounds, &o_sums, &o_state))
-        return NULL;
-    Py_buffer vs, ve, vl, vc, vb, vsum, vst;
-    Py_buffer *views[7] = {&vs, &ve, &vl, &vc, &vb, &vsum, &vst};
-    int got = 0;
-    PyObject *objs[7] = {o_start, o_end, o_launch, o_cat, o_bounds, o_sums, o_state};
-    for (; got < 7; got++) {
-        if (get(objs[got], views[got], got >= 5, "") < 0) goto fail;
+/* One op, in start order, into the three unions. */
+static inline void step(const Periods *p, int64_t *st, int64_t s, int64_t e, int64_t launch, int c) {
+    if (e < s) e = s;
+    for (int u = 0; u < 3; u++) {
+        if ((u == 0 && c != 0) || (u == 1 && c > 1)) continue;
+        int64_t *open = st + 3 * u, *us = st + 3 * u + 1, *ue = st + 3 * u + 2;
+        if (*open && s <= *ue) {
+            if (e > *ue) *ue = e;
+            continue;
+        }
+        if (*open) {
+            add(p, u, *us, *ue);
+            if (u == 2) add(p, launch >= *ue ? 3 : 4, *ue, s); /* the idle gap before this op */
+        }
+        *open = 1;
+        *us = s;
+        *ue = e;
     }
-    Py_ssize_t n = vs.len / 8;
-    Py_ssize_t nb = vb.len / 8;
-    if (ve.len / 8 != n || vl.len / 8 != n || vc.len != n || nb < 2 || vsum.len / 8 != 5 * (nb - 1) || vst.len / 8 != 14) {
+}
+
+#define MAX_RUNS 64
+
+/* feed(start, end, launch, category, runs, bounds, sums, state): ``runs`` (int64) are the bounds
+ * of the buffers' sorted runs ([0, ..., n]; a capture's ops come as one sorted block per table),
+ * merged here by start as they are read, so that no sorted copy is made. */
+static PyObject *feed(PyObject *module, PyObject *args) {
+    PyObject *objs[8];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &objs[7]))
+        return NULL;
+    Py_buffer views[8];
+    int got = 0;
+    for (; got < 8; got++) {
+        if (get(objs[got], &views[got], got >= 6, "") < 0) goto fail;
+    }
+    Py_ssize_t n = views[0].len / 8, nruns = views[4].len / 8 - 1, nb = views[5].len / 8;
+    if (views[1].len / 8 != n || views[2].len / 8 != n || views[3].len != n || nb < 2 || nruns < 1 ||
+        nruns > MAX_RUNS || views[6].len / 8 != 5 * (nb - 1) || views[7].len / 8 != 14) {
         PyErr_SetString(PyExc_ValueError, "feed: buffers of mismatched lengths");
         goto fail;
     }
-    const int64_t *start = vs.buf, *end = ve.buf, *launch = vl.buf;
-    const int8_t *cat = vc.buf;
-    int64_t *st = vst.buf;
-    Periods p = {vb.buf, nb - 1, vsum.buf, st + 9};
+    const int64_t *start = views[0].buf, *end = views[1].buf, *launch = views[2].buf, *runs = views[4].buf;
+    const int8_t *cat = views[3].buf;
+    int64_t *st = views[7].buf;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        if (runs[r] < 0 || runs[r + 1] < runs[r] || runs[r + 1] > n) {
+            PyErr_SetString(PyExc_ValueError, "feed: runs out of range");
+            goto fail;
+        }
+    }
+    Periods p = {views[5].buf, nb - 1, views[6].buf, st + 9};
     Py_BEGIN_ALLOW_THREADS
-    /* Unions: 0 compute, 1 compute or NCCL, 2 busy (every op). */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t s = start[i], e = end[i] > s ? end[i] : s;
-        int c = cat[i];
-        for (int u = 0; u < 3; u++) {
-            if ((u == 0 && c != 0) || (u == 1 && c > 1)) continue;
-            int64_t *open = st + 3 * u, *us = st + 3 * u + 1, *ue = st + 3 * u + 2;
-            if (*open && s <= *ue) {
-                if (e > *ue) *ue = e;
-                continue;
-            }
-            if (*open) {
-                add(&p, u, *us, *ue);
-                if (u == 2) add(&p, launch[i] >= *ue ? 3 : 4, *ue, s); /* the idle gap before this op */
-            }
-            *open = 1;
-            *us = s;
-            *ue = e;
+    Py_ssize_t at[MAX_RUNS];
+    for (Py_ssize_t r = 0; r < nruns; r++) at[r] = runs[r];
+    if (nruns == 1) {
+        for (Py_ssize_t i = 0; i < n; i++) step(&p, st, start[i], end[i], launch[i], cat[i]);
+    } else {
+        for (;;) { /* k-way merge: the run whose next op starts first (few runs: a linear scan) */
+            Py_ssize_t best = -1;
+            for (Py_ssize_t r = 0; r < nruns; r++)
+                if (at[r] < runs[r + 1] && (best < 0 || start[at[r]] < start[at[best]])) best = r;
+            if (best < 0) break;
+            Py_ssize_t i = at[best]++;
+            step(&p, st, start[i], end[i], launch[i], cat[i]);
         }
     }
     Py_END_ALLOW_THREADS
-    for (int k = 0; k < 7; k++) PyBuffer_Release(views[k]);
+    for (int k = 0; k < 8; k++) PyBuffer_Release(&views[k]);
     Py_RETURN_NONE;
 fail:
-    for (int k = 0; k < got; k++) PyBuffer_Release(views[k]);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&views[k]);
     return NULL;
 }
 

@@ -136,15 +136,7 @@ class _Device:
 
     def feed(self, start: np.ndarray, end: np.ndarray, launch: np.ndarray, category: np.ndarray) -> None:
         if self.native and _native is not None:
-            _native.feed(
-                np.ascontiguousarray(start, dtype=np.int64),
-                np.ascontiguousarray(end, dtype=np.int64),
-                np.ascontiguousarray(launch, dtype=np.int64),
-                np.ascontiguousarray(category, dtype=np.int8),
-                self.bounds,
-                self.sums,
-                self.state,
-            )
+            self.feed_runs(start, end, launch, category, np.array([0, start.size], dtype=np.int64))
             return
         compute, with_nccl, busy = self.unions
         is_compute = category == COMPUTE
@@ -159,6 +151,22 @@ class _Device:
             host = gap_launch >= gap_start
             self._add(3, gap_start[host], gap_end[host])
             self._add(4, gap_start[~host], gap_end[~host])
+
+    def feed_runs(
+        self, start: np.ndarray, end: np.ndarray, launch: np.ndarray, category: np.ndarray, runs: np.ndarray
+    ) -> None:
+        """Ops in sorted runs (``runs``: their bounds), merged by start in the C loop."""
+        assert _native is not None
+        _native.feed(
+            np.ascontiguousarray(start, dtype=np.int64),
+            np.ascontiguousarray(end, dtype=np.int64),
+            np.ascontiguousarray(launch, dtype=np.int64),
+            np.ascontiguousarray(category, dtype=np.int8),
+            np.ascontiguousarray(runs, dtype=np.int64),
+            self.bounds,
+            self.sums,
+            self.state,
+        )
 
     def _add(self, row: int, start: np.ndarray, end: np.ndarray) -> None:
         if start.size:
@@ -200,10 +208,14 @@ class StepBreakdown:
         low, high = int(device.min()), int(device.max())
         for dev in (low,) if low == high else np.unique(device).tolist():
             rows = slice(None) if low == high else device == dev
-            state = self.devices.get(dev)
-            if state is None:
-                state = self.devices[dev] = _Device(self.bounds, self.native)
-            state.feed(start[rows], end[rows], launch[rows], category[rows])
+            self.device(dev).feed(start[rows], end[rows], launch[rows], category[rows])
+
+    def device(self, dev: int) -> _Device:
+        """The running state of one device (made on its first op)."""
+        state = self.devices.get(dev)
+        if state is None:
+            state = self.devices[dev] = _Device(self.bounds, self.native)
+        return state
 
     def rows(self) -> dict[int, dict[str, int]]:
         """Step index → the breakdown, summed over devices."""
@@ -230,6 +242,8 @@ class StepBreakdown:
 
 #: Rows fed at a time: the start-ordered columns are gathered a chunk at a time.
 CHUNK_ROWS = 1 << 18
+#: Sorted runs the C loop merges (its MAX_RUNS); more are sorted first.
+MAX_RUNS = 64
 
 
 @dataclass
@@ -242,7 +256,12 @@ class OpArrays:
     end: np.ndarray
     launch: np.ndarray  # -1 where the op has no launch record
     category: np.ndarray
-    order: np.ndarray | None  # None: already in start order
+    #: Bounds of the sorted runs in the frame's order (one per table, as a capture's ops come).
+    runs: np.ndarray
+
+    def order(self) -> np.ndarray | None:
+        """The start order (stable), or None when the ops are in start order already."""
+        return None if self.runs.size == 2 else np.argsort(self.start, kind="stable")
 
 
 def op_arrays(ops: pl.DataFrame) -> OpArrays:
@@ -257,7 +276,7 @@ def op_arrays(ops: pl.DataFrame) -> OpArrays:
     low, high = device.min(), device.max()
     launch = ops["launch_start"] if "launch_start" in ops.columns else pl.Series(np.full(ops.height, -1, np.int64))
     start = ops["start"].to_numpy()
-    order = None if ops["start"].is_sorted() else np.argsort(start, kind="stable")
+    breaks = np.flatnonzero(start[1:] < start[:-1]) + 1
     return OpArrays(
         device=None if low == high else device.cast(pl.Int64).to_numpy(),
         sole_device=int(low) if low is not None else -1,  # type: ignore[arg-type]
@@ -265,15 +284,24 @@ def op_arrays(ops: pl.DataFrame) -> OpArrays:
         end=ops["end"].to_numpy(),
         launch=launch.fill_null(-1).cast(pl.Int64).to_numpy(),
         category=category,
-        order=order,
+        runs=np.concatenate([[0], breaks, [start.size]]).astype(np.int64),
     )
 
 
 def feed_arrays(account: StepBreakdown, arrays: OpArrays) -> None:
-    """Feed :class:`OpArrays` in start order, a chunk at a time."""
+    """Feed :class:`OpArrays` in start order: their sorted runs straight to the C loop (it merges
+    them), else a chunk at a time in the start order."""
     rows = arrays.start.size
+    if rows == 0 or account.bounds.size < 2:
+        return
+    if account.native and _native is not None and arrays.device is None and arrays.runs.size - 1 <= MAX_RUNS:
+        account.device(arrays.sole_device).feed_runs(
+            arrays.start, arrays.end, arrays.launch, arrays.category, arrays.runs
+        )
+        return
+    order = arrays.order()
     for lo in range(0, rows, CHUNK_ROWS):
-        take = slice(lo, lo + CHUNK_ROWS) if arrays.order is None else arrays.order[lo : lo + CHUNK_ROWS]
+        take = slice(lo, lo + CHUNK_ROWS) if order is None else order[lo : lo + CHUNK_ROWS]
         device = (
             np.full(min(CHUNK_ROWS, rows - lo), arrays.sole_device, dtype=np.int64)
             if arrays.device is None
