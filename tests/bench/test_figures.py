@@ -28,6 +28,7 @@ NOT_MEASURED = {
     "100 MB",  # its other bucket sizes
     "1 ms",  # a profile floor
     "50 GB",  # an example of a finding floor
+    "100 µs",  # the clock residual above which the cross-rank split is not trusted (metrics.waits)
 }
 
 
