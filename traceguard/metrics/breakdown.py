@@ -269,12 +269,20 @@ def op_arrays(ops: pl.DataFrame) -> OpArrays:
     ``end``, ``launch_start`` when joined). Columns without nulls are read in place."""
     if ops["start"].null_count() or ops["end"].null_count():
         ops = ops.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
-    kind = ops["kind"].to_physical().to_numpy()
-    category = np.where(np.isin(kind, _COPY_CODES), COPY, COMPUTE).astype(np.int8)
-    category[ops["is_nccl"].fill_null(False).to_numpy()] = NCCL
+    # One select, run by Polars on all cores: the category and the launch, columns in place.
+    kind = pl.col("kind").to_physical()
+    launch = pl.col("launch_start") if "launch_start" in ops.columns else pl.lit(None, dtype=pl.Int64)
+    derived = ops.select(
+        pl.when(pl.col("is_nccl").fill_null(False))
+        .then(pl.lit(NCCL, pl.Int8))
+        .when(kind.is_in(list(_COPY_CODES)))
+        .then(pl.lit(COPY, pl.Int8))
+        .otherwise(pl.lit(COMPUTE, pl.Int8))
+        .alias("category"),
+        launch.fill_null(-1).cast(pl.Int64).alias("launch"),
+    )
     device = ops["device"].fill_null(-1)
     low, high = device.min(), device.max()
-    launch = ops["launch_start"] if "launch_start" in ops.columns else pl.Series(np.full(ops.height, -1, np.int64))
     start = ops["start"].to_numpy()
     breaks = np.flatnonzero(start[1:] < start[:-1]) + 1
     return OpArrays(
@@ -282,8 +290,8 @@ def op_arrays(ops: pl.DataFrame) -> OpArrays:
         sole_device=int(low) if low is not None else -1,  # type: ignore[arg-type]
         start=start,
         end=ops["end"].to_numpy(),
-        launch=launch.fill_null(-1).cast(pl.Int64).to_numpy(),
-        category=category,
+        launch=derived["launch"].to_numpy(),
+        category=derived["category"].to_numpy(),
         runs=np.concatenate([[0], breaks, [start.size]]).astype(np.int64),
     )
 

@@ -49,7 +49,7 @@ import polars as pl
 
 from traceguard.metrics import copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
-from traceguard.metrics.breakdown import StepBreakdown, feed_arrays, op_arrays, periods
+from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
 from traceguard.metrics.rank import (
     STEP_NCCL_COLUMNS,
     RankInputs,
@@ -592,6 +592,9 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
 class _Pass2Slice:
     """What pass 2 takes from one spilled slice before feeding it in order (:func:`_second_pass`)."""
 
+    #: The slice's ops for the step breakdown (metrics.breakdown.op_arrays), or None.
+    breakdown: OpArrays | None
+
     counts: dict[str, int]
     pageable: tuple[int, int, int]
     devices: list[int | None]
@@ -622,12 +625,12 @@ def _second_pass_slice(
     busy: bool,
     steps: StepBreakdown | None = None,
 ) -> _Pass2Slice:
-    """One spilled slice read back and reduced to what :func:`_second_pass` feeds. ``steps`` is
-    fed here, on the read-ahead thread (slices come in order), so that no slice's columns wait in
-    the read-ahead queue for it: the step breakdown is its only state."""
+    """One spilled slice read back and reduced to what :func:`_second_pass` feeds (no state).
+    ``steps``: whether the step breakdown is wanted (its arrays are the slice's columns in place,
+    a category byte and a launch copy: fed by :func:`_second_pass` on the other thread, which
+    has the time: this one reads)."""
     ops = pl.read_ipc(path)
-    if steps is not None:
-        feed_arrays(steps, op_arrays(ops))
+    arrays = op_arrays(ops) if steps is not None else None
     mask = window_mask(ops, spans, pid_of_step)
     window = ops.filter(mask)
     timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
@@ -656,6 +659,7 @@ def _second_pass_slice(
         busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
         busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
     return _Pass2Slice(
+        breakdown=arrays,
         counts=copies.copy_counts(window),
         pageable=copies.pageable_bytes(window),
         devices=window["device"].unique().to_list(),
@@ -679,6 +683,8 @@ def _second_pass(
     copies_lane: SegmentReducer,
 ) -> None:
     """Feed one slice of pass 2, in order (module docstring)."""
+    if two.breakdown is not None and part.breakdown is not None:
+        feed_arrays(two.breakdown, part.breakdown)  # the C loop lets go of the GIL
     counts = part.counts
     two.counts = counts if two.counts is None else {k: two.counts[k] + v for k, v in counts.items()}
     two.pageable = tuple(a + b for a, b in zip(two.pageable, part.pageable, strict=True))  # type: ignore[assignment]
