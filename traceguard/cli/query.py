@@ -25,6 +25,7 @@ from rich.table import Table
 
 from traceguard.cli.common import DataDirOpt, LabelOpt, app, err, fail, labels, out, settings_for
 from traceguard.errors import InputError, TraceguardError
+from traceguard.report.fields import WAIT_STEP_FIELDS
 from traceguard.report.units import value_h
 
 if TYPE_CHECKING:
@@ -254,17 +255,7 @@ STEP_COLUMNS = [
     "dtod_bytes",
     # Who waited for whom (docs/collectives.md): the NCCL kernel time of the step's matched
     # collectives split at the last rank's arrival, the step's GPU time broken down, its lateness.
-    "nccl_wait_ns",
-    "nccl_transfer_ns",
-    "period_ns",
-    "compute_ns",
-    "comm_ns",
-    "comm_wait_ns",
-    "comm_transfer_ns",
-    "copy_ns",
-    "idle_host_ns",
-    "idle_other_ns",
-    "lateness_ns",
+    *WAIT_STEP_FIELDS,
 ]
 #: Columns the terminal table leaves to CSV and JSON (which have every column), to stay readable.
 STEP_TABLE_HIDDEN = (

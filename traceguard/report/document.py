@@ -19,6 +19,7 @@ from traceguard.metrics.run import RunResult
 from traceguard.metrics.transport import nccl_document
 from traceguard.metrics.workloads import empty as workload_entry
 from traceguard.metrics.workloads import run_workload
+from traceguard.report.fields import WAIT_STEP_FIELDS
 
 SCHEMA_VERSION = "1"
 #: Metric names every ``metrics`` object carries (issue contract), in this order.
@@ -86,8 +87,6 @@ RUN_ONLY = (
     "straggler_worst",
     "straggler_evidence_steps",
 )
-#: Step fields: the NCCL kernel-time split (wait / transfer), the GPU time broken down over the
-#: step's period (metrics.breakdown) with its exposed-communication split, and the rank's lateness.
 STEP_FIELDS = (
     "name",
     "index",
@@ -95,21 +94,11 @@ STEP_FIELDS = (
     "gpu_span_ns",
     "nccl_ns",
     "nccl_share",
-    "nccl_wait_ns",
-    "nccl_transfer_ns",
     "dtod_bytes",
     "dtod_copies",
     "peer_bytes",
     "peer_copies",
-    "period_ns",
-    "compute_ns",
-    "comm_ns",
-    "comm_wait_ns",
-    "comm_transfer_ns",
-    "copy_ns",
-    "idle_host_ns",
-    "idle_other_ns",
-    "lateness_ns",
+    *WAIT_STEP_FIELDS,
     "phases",
 )
 LINK_METRICS = (

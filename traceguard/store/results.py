@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from traceguard.errors import InputError
+from traceguard.report.fields import WAIT_STEP_FIELDS
 from traceguard.store.runs import with_labels
 from traceguard.store.tables import (
     CheckResult,
@@ -30,19 +31,7 @@ from traceguard.store.tables import (
 RESULT_TABLES = (RankResult, Step, Phase, Collective, CollectiveType, PeerTraffic, Connection, CheckResult)
 MAX_ROWS = 10_000
 #: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
-WAIT_STEP_COLUMNS = (
-    "nccl_wait_ns",
-    "nccl_transfer_ns",
-    "period_ns",
-    "compute_ns",
-    "comm_ns",
-    "comm_wait_ns",
-    "comm_transfer_ns",
-    "copy_ns",
-    "idle_host_ns",
-    "idle_other_ns",
-    "lateness_ns",
-)
+WAIT_STEP_COLUMNS = WAIT_STEP_FIELDS
 
 
 def _share(part: Any, whole: Any) -> float | None:
