@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.metrics import small_collectives as small
-from traceguard.metrics.steps import containing_ids
+from traceguard.metrics.steps import calls_in_steps
 
 INSTANCE_SCHEMA: dict[str, pl.DataType] = {
     "kind": pl.String(),
@@ -101,28 +101,7 @@ def cpu_instances(ranges: pl.DataFrame, steps: pl.DataFrame, phases: pl.DataFram
         pl.max_horizontal("start", "end").alias("end"),
         pl.col("payload_bytes").cast(pl.Int64).alias("bytes"),
     ).sort("start")
-    if steps.height:
-        step_id = containing_ids(
-            frame.select("pid", "start"),
-            "start",
-            steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id")),
-            "step_id",
-            ["pid"],
-        )
-        frame = frame.with_columns(step_id.cast(pl.Int64).alias("step_id"))
-    else:
-        frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("step_id"))
-    if phases.height and steps.height:
-        phase_id = containing_ids(
-            frame.select("pid", "step_id", "start"),
-            "start",
-            phases.select("pid", pl.col("step_id").cast(pl.Int64), "start", "end", pl.col("phase_id").cast(pl.Int64)),
-            "phase_id",
-            ["pid", "step_id"],
-        )
-        frame = frame.with_columns(phase_id.cast(pl.Int64).alias("phase_id"))
-    else:
-        frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("phase_id"))
+    frame = calls_in_steps(frame, steps, phases)
     frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("exposed_ns"), pl.col("start").alias("covered_until"))
     return _finish(frame.drop("pid"), steps, phases)
 

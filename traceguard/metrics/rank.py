@@ -21,6 +21,7 @@ from traceguard.metrics.steps import (
     STEP_SOURCES,
     ResolvedSteps,
     attribute,
+    calls_in_steps,
     containing_ids,
     find_phases,
     innermost_containing,
@@ -660,26 +661,9 @@ def _collective_calls(
     calls = small.annotation_calls(capture.ranges)
     if calls.height == 0 or steps.height == 0:
         return pl.DataFrame(schema=small.CALL_SCHEMA)
-    step_id = containing_ids(
-        calls.select("pid", "start"),
-        "start",
-        steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id")),
-        "step_id",
-        ["pid"],
-    )
     parents = capture.ranges.select(pl.col("range_id").alias("parent"), pl.col("name").alias("_parent_name"))
-    calls = calls.with_columns(step_id).join(parents, on="parent", how="left").filter(pl.col("step_id").is_not_null())
-    if phases.height and calls.height:
-        phase_id = containing_ids(
-            calls.select("pid", "step_id", "start"),
-            "start",
-            phases.select("pid", pl.col("step_id").cast(pl.Int64), "start", "end", pl.col("phase_id").cast(pl.Int64)),
-            "phase_id",
-            ["pid", "step_id"],
-        )
-        calls = calls.with_columns(phase_id).join(phase_names, on="phase_id", how="left")
-    else:
-        calls = calls.with_columns(pl.lit(None, dtype=pl.String).alias("_phase"))
+    calls = calls_in_steps(calls, steps, phases).join(parents, on="parent", how="left")
+    calls = calls.filter(pl.col("step_id").is_not_null()).join(phase_names, on="phase_id", how="left")
     return calls.select(
         "collective",
         (pl.col("end") - pl.col("start")).alias("duration_ns"),

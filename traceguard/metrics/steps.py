@@ -368,3 +368,30 @@ def window_mask(ops: pl.DataFrame, spans: pl.DataFrame, pid_of_step: pl.DataFram
     searched = (~attributed).arg_true()
     inside = containing_ids(ops.select("pid", "start")[searched], "start", numbered, "_window", ["pid"])
     return attributed.scatter(searched, inside.is_not_null())
+
+
+def calls_in_steps(calls: pl.DataFrame, steps: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
+    """``calls`` (``pid``, ``start``: host calls such as c10d's ``gloo:all_reduce`` ranges) with the
+    ``step_id`` and ``phase_id`` (Int64, null when none) of the step and phase of their own process
+    that contain their start."""
+    if steps.height:
+        step_id = containing_ids(
+            calls.select("pid", "start"),
+            "start",
+            steps.select("pid", "start", "end", pl.col("range_id").cast(pl.Int64).alias("step_id")),
+            "step_id",
+            ["pid"],
+        )
+        calls = calls.with_columns(step_id.cast(pl.Int64).alias("step_id"))
+    else:
+        calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("step_id"))
+    if not (phases.height and steps.height and calls.height):
+        return calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("phase_id"))
+    phase_id = containing_ids(
+        calls.select("pid", "step_id", "start"),
+        "start",
+        phases.select("pid", pl.col("step_id").cast(pl.Int64), "start", "end", pl.col("phase_id").cast(pl.Int64)),
+        "phase_id",
+        ["pid", "step_id"],
+    )
+    return calls.with_columns(phase_id.cast(pl.Int64).alias("phase_id"))

@@ -503,9 +503,12 @@ def _split(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> None:
     sums = calls.group_by("rank").agg(
         pl.col("wait_ns").sum(), pl.col("transfer_ns").sum(), pl.col("estimated").sum().alias("estimated")
     )
-    for (rank,), own in calls.select("rank", "own_start", "wait_ns", "transfer_ns").sort("own_start").partition_by(
-        "rank", as_dict=True
-    ).items():
+    for (rank,), own in (
+        calls.select("rank", "own_start", "wait_ns", "transfer_ns")
+        .sort("own_start")
+        .partition_by("rank", as_dict=True)
+        .items()
+    ):
         if own.height > LANE_CALLS:
             result.lanes[int(rank)] = {
                 "null_reason": f"{own.height:,} matched calls on this rank, more than the {LANE_CALLS:,} the timeline "
