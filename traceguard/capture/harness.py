@@ -111,6 +111,27 @@ def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the job is stopped")
     p.add_argument("--keep-reports", action="store_true", help="keep .nsys-rep files beside the SQLite exports")
     p.add_argument("--compress", action="store_true", help="gzip the SQLite exports and traces (traceguard reads .gz)")
+    p.add_argument(
+        "--gpu-metrics",
+        action="store_true",
+        help="with --capture nsys on GPUs: each rank's nsys samples its own GPU's counters (PCIe / NVLink "
+        "throughput, SM active, DRAM bandwidth) with --gpu-metrics-devices=$LOCAL_RANK: one collector per GPU",
+    )
+    p.add_argument("--gpu-metrics-frequency", type=int, default=10000, help="samples per second (nsys: 10 to 200000)")
+    p.add_argument(
+        "--gpu-metrics-set", default=None, help="nsys metric set (default: the GPU's own; `nsys profile --gpu-metrics-set=help`)"
+    )
+    p.add_argument(
+        "--nccl-inspector",
+        type=Path,
+        default=None,
+        metavar="PLUGIN_SO",
+        help="NCCL Inspector profiler plugin (libnccl-profiler-inspector.so): each rank writes one JSON line per "
+        "collective under inspector/ in the bundle",
+    )
+    p.add_argument(
+        "--nccl-inspector-verbose", action="store_true", help="with --nccl-inspector: per-channel kernel timestamps"
+    )
 
 
 def job_arguments(cfg: argparse.Namespace, out: Path) -> list[str]:
@@ -194,6 +215,20 @@ def job_environment(cfg: argparse.Namespace, out: Path) -> dict[str, str]:
         env["NCCL_P2P_DISABLE"] = "1"
     if not cfg.shm:
         env["NCCL_SHM_DISABLE"] = "1"
+    plugin = getattr(cfg, "nccl_inspector", None)
+    if plugin is not None:
+        if not Path(plugin).is_file():
+            raise SystemExit(f"--nccl-inspector: {plugin} is not a file (build libnccl-profiler-inspector.so first)")
+        (out / "inspector").mkdir(parents=True, exist_ok=True)
+        env.update(
+            NCCL_PROFILER_PLUGIN=str(Path(plugin).resolve()),
+            NCCL_INSPECTOR_ENABLE="1",
+            NCCL_INSPECTOR_DUMP_DIR=str(out / "inspector"),
+            # Dump while the job runs (every 0.5 s), so a rank that dies still leaves its lines.
+            NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS="500000",
+        )
+        if getattr(cfg, "nccl_inspector_verbose", False):
+            env["NCCL_INSPECTOR_DUMP_VERBOSE"] = "1"
     for item in cfg.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -275,6 +310,15 @@ def _launch_command(cfg: argparse.Namespace, out: Path, nsys: str | None, cuda: 
         profile[3:3] = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
         if getattr(cfg, "cuda_graphs", False):
             profile.insert(3, f"--cuda-graph-trace={cfg.cuda_graph_trace}")
+        if getattr(cfg, "gpu_metrics", False):
+            metrics = [f"--gpu-metrics-frequency={cfg.gpu_metrics_frequency}"]
+            if cfg.gpu_metrics_set:
+                metrics.append(f"--gpu-metrics-set={cfg.gpu_metrics_set}")
+            profile[3:3] = metrics
+            # Two processes cannot both sample one GPU: each rank's nsys collects its own device, which
+            # only the rank's environment knows ($LOCAL_RANK), so a shell expands it per rank.
+            script = 'exec "$0" "$1" --gpu-metrics-devices="$LOCAL_RANK" "${@:2}"'
+            return [*launcher, "--no-python", "bash", "-c", script, *profile, sys.executable, *job]
     return [*launcher, "--no-python", *profile, sys.executable, *job]
 
 
@@ -420,6 +464,12 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"--capture nsys: {problem}")
     if cfg.capture == "nsys" and not cuda and package_version("nvtx") is None:
         diagnostics.append("no Python nvtx package: a CPU job has no NVTX ranges (install nvtx==0.2.11)")
+    if getattr(cfg, "gpu_metrics", False) and not (cfg.capture == "nsys" and cuda):
+        diagnostics.append(
+            "--gpu-metrics: GPU metrics are sampled by nsys on a GPU; this run "
+            + ("has no CUDA GPU" if not cuda else f"captures with {cfg.capture}")
+            + ", so none were collected (nvidia-smi dmon stays the link source)"
+        )
     env = job_environment(cfg, out)
     dmon, side = _side_files(out)
     cmd = _launch_command(cfg, out, nsys, cuda)
@@ -490,6 +540,15 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
         "ranks": ranks,
         "captures": captures,
         "nccl_logs": sorted(p.name for p in out.glob("nccl.*.log")),
+        # GPU metrics live inside each rank's export; the manifest says they were asked for, and how.
+        "gpu_metrics": (
+            {"devices": "LOCAL_RANK", "frequency_hz": cfg.gpu_metrics_frequency, "set": cfg.gpu_metrics_set}
+            if getattr(cfg, "gpu_metrics", False) and cfg.capture == "nsys" and cuda
+            else None
+        ),
+        "inspector_logs": sorted(
+            str(p.relative_to(out)) for p in (out / "inspector").glob("*") if p.is_file()
+        ) if (out / "inspector").is_dir() else [],
         "side_files": side,
         "diagnostics": diagnostics,
     }
