@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -148,6 +149,25 @@ PROCESSES_SCHEMA: dict[str, pl.DataType] = {
 
 STRINGS_SCHEMA: dict[str, pl.DataType] = {"id": pl.Int32(), "value": pl.String()}
 
+#: The link counters nsys samples with ``--gpu-metrics-devices`` (traceguard.ingest.gpu_metrics),
+#: one row per sample time and GPU, reduced to a small normalized set: each value is a percentage
+#: of the counter's peak (nsys's ``[Throughput %]``), null when the GPU's metric set lacks it.
+#: ``device`` is the CUDA device the sample belongs to (``TARGET_INFO_GPU.cuDevice``); ``time`` the
+#: sample's time on the capture's clock (ns), the end of the interval it averages.
+LINK_METRICS: tuple[str, ...] = (
+    "pcie_rx_pct",
+    "pcie_tx_pct",
+    "nvlink_rx_pct",
+    "nvlink_tx_pct",
+    "sm_active_pct",
+    "dram_bw_pct",
+)
+LINK_SAMPLES_SCHEMA: dict[str, pl.DataType] = {
+    "device": pl.Int32(),
+    "time": pl.Int64(),
+    **{name: pl.Float32() for name in LINK_METRICS},
+}
+
 
 @dataclass
 class CaptureInfo:
@@ -178,6 +198,11 @@ class CaptureInfo:
     #: does not say; ``clock_source`` names where it came from.
     clock_base_ns: int | None = None
     clock_source: str | None = None
+    #: What the capture says of GPU metrics (traceguard.ingest.gpu_metrics.GpuMetricsInfo as a
+    #: dict: source table, raw metric names per normalized one, GPUs, rate), or None with
+    #: ``gpu_metrics_reason`` saying why there are none.
+    gpu_metrics: dict[str, Any] | None = None
+    gpu_metrics_reason: str | None = None
 
 
 @dataclass
@@ -191,6 +216,8 @@ class Capture:
     devices: pl.DataFrame
     processes: pl.DataFrame
     strings: pl.DataFrame
+    #: nsys GPU metrics samples (:data:`LINK_SAMPLES_SCHEMA`); empty when the capture has none.
+    link_samples: pl.DataFrame = field(default_factory=lambda: empty(LINK_SAMPLES_SCHEMA))
 
     def name_of(self) -> dict[int, str]:
         """Id → text for the (few thousand) interned names."""

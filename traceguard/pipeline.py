@@ -20,6 +20,7 @@ from traceguard.errors import NoUsableInputError
 from traceguard.ingest import InputRecord, InputSpec, expand, no_input_reasons, parse_spec
 from traceguard.ingest.sides import SideData, SideFiles, discover, load_side, split_inputs
 from traceguard.mapreduce import MapOptions, RankProgress, map_run
+from traceguard.metrics.link_counters import capture_link_rows, capture_null_reason
 from traceguard.metrics.links import analyse_links
 from traceguard.metrics.run import RunResult, reduce_results
 from traceguard.report import document
@@ -110,6 +111,10 @@ def analyze(
         side,
         peak_busbw_gbps=_param(chosen, "p2p_utilization", "peak_busbw_gbps"),
         rated_pcie_gbps=_param(chosen, "pcie_saturation", "rated_pcie_gbps"),
+        capture=capture_link_rows(result.ranks),
+        capture_reason=capture_null_reason(result.ranks),
+        capture_pcie_share=_param(chosen, "transport_p2p", "capture_pcie_share"),
+        capture_nvlink_share=_param(chosen, "transport_p2p", "capture_nvlink_share"),
     )
     result.links = links
     result.metrics.update(links.metrics)

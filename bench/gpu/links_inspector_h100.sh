@@ -4,8 +4,8 @@
 #   links_p2p / links_shm: nsys with --gpu-metrics (each rank samples its own GPU) and the Inspector plugin
 #     (verbose), one 2000 MB gradient bucket (one AllReduce per step), P2P vs NCCL_P2P_DISABLE=1 (SHM);
 #   links_slow: the same P2P run with --slow-rank 1:30 (rank 1's host sleeps 30 ms per step);
-#   insp_{clean,slow,shm}_default: no profiler, the Inspector alone (default dump), 25 MB buckets (tens of
-#     AllReduces per step), clean, --slow-rank 1:30 and SHM (the links_* runs hold the verbose dumps);
+#   insp_{clean,slow,shm}_default, insp_{clean,slow}_verbose: no profiler, the Inspector alone, 25 MB buckets (tens of
+#     AllReduces per step), clean, --slow-rank 1:30 and SHM, default and verbose dumps;
 #   insp_prom: the Inspector's Prometheus textfile form (NCCL_INSPECTOR_PROM_DUMP=1).
 # Needs, in $WORK (default .gpuwork/): the libdw/libelf .debs and nccl-inspector-src.tar.gz from
 # ../shared/device. usage (repository root): OUT=/some/dir bash bench/gpu/links_inspector_h100.sh
@@ -56,17 +56,22 @@ harness() {  # harness NAME ARGS...
 
 LINKS="--capture nsys --gpu-metrics --gpu-metrics-frequency 10000 --bucket-cap-mb 2000 --warmup 3 --timed 3 --steps 4"
 INSP=(); [ -n "$PLUGIN" ] && INSP=(--nccl-inspector "$PLUGIN")
-harness links_p2p $LINKS "${INSP[@]}" --nccl-inspector-verbose
-harness links_shm $LINKS --no-p2p "${INSP[@]}" --nccl-inspector-verbose
-harness links_slow $LINKS --slow-rank 1:30 "${INSP[@]}" --nccl-inspector-verbose
+RUNS=${RUNS:-links_p2p links_shm links_slow insp_clean_default insp_slow_default insp_shm_default insp_clean_verbose insp_slow_verbose insp_prom}
+want() { [[ " $RUNS " == *" $1 "* ]]; }
+want links_p2p && harness links_p2p $LINKS "${INSP[@]}" --nccl-inspector-verbose
+want links_shm && harness links_shm $LINKS --no-p2p "${INSP[@]}" --nccl-inspector-verbose
+want links_slow && harness links_slow $LINKS --slow-rank 1:30 "${INSP[@]}" --nccl-inspector-verbose
 QUICK="--capture none --warmup 3 --timed 10 --steps 3"
-harness insp_clean_default $QUICK "${INSP[@]}"
-harness insp_slow_default $QUICK --slow-rank 1:30 "${INSP[@]}"
-harness insp_shm_default $QUICK --no-p2p "${INSP[@]}"
-harness insp_prom $QUICK "${INSP[@]}" --env NCCL_INSPECTOR_PROM_DUMP=1
+want insp_clean_default && harness insp_clean_default $QUICK "${INSP[@]}"
+want insp_slow_default && harness insp_slow_default $QUICK --slow-rank 1:30 "${INSP[@]}"
+want insp_shm_default && harness insp_shm_default $QUICK --no-p2p "${INSP[@]}"
+want insp_clean_verbose && harness insp_clean_verbose $QUICK "${INSP[@]}" --nccl-inspector-verbose
+want insp_slow_verbose && harness insp_slow_verbose $QUICK --slow-rank 1:30 "${INSP[@]}" --nccl-inspector-verbose
+want insp_prom && harness insp_prom $QUICK "${INSP[@]}" --env NCCL_INSPECTOR_PROM_DUMP=1
 
 # At most 8 files of 16 MiB come back: one tar per capture run, the Inspector-only runs together.
-for r in links_p2p links_shm links_slow; do tar -C "$W" -cf "$OUTDIR/$r.tar" "$r" "$r.log"; done
-tar -C "$W" -cf "$OUTDIR/inspector_runs.tar" insp_* 
+for r in links_p2p links_shm links_slow; do [ -d "$W/$r" ] && tar -C "$W" -cf "$OUTDIR/$r.tar" "$r" "$r.log"; done
+insp=$(cd "$W" && ls -d insp_* 2>/dev/null)
+[ -n "$insp" ] && tar -C "$W" -cf "$OUTDIR/inspector_runs.tar" $insp
 tar -C "$W" -cf "$OUTDIR/machine.tar" $(cd "$W" && ls *.txt)
 ls -la "$OUTDIR"

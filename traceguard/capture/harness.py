@@ -119,7 +119,9 @@ def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     )
     p.add_argument("--gpu-metrics-frequency", type=int, default=10000, help="samples per second (nsys: 10 to 200000)")
     p.add_argument(
-        "--gpu-metrics-set", default=None, help="nsys metric set (default: the GPU's own; `nsys profile --gpu-metrics-set=help`)"
+        "--gpu-metrics-set",
+        default=None,
+        help="nsys metric set (default: the GPU's own; `nsys profile --gpu-metrics-set=help`)",
     )
     p.add_argument(
         "--nccl-inspector",

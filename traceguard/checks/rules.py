@@ -417,7 +417,53 @@ def _utilization_evidence(result: RunResult) -> list[dict[str, Any]]:
                     "bandwidth_time": top["bandwidth_time"],
                 }
             )
+    return rows + _capture_link_rows(result)
+
+
+def _capture_link_rows(result: RunResult) -> list[dict[str, Any]]:
+    """Per rank with nsys GPU metrics: its NVLink and PCIe load during its NCCL kernels."""
+    rows = []
+    for r in result.ranks:
+        if (r.link_counters or {}).get("device") is None:
+            continue
+        m = r.metrics
+        rows.append(
+            {
+                "source": "nsys GPU metrics",
+                "rank": r.rank,
+                "gpu": r.link_counters["device"],
+                "during": "NCCL kernels",
+                "nvlink_avg": m.get("nvlink_nccl_avg"),
+                "nvlink_peak": m.get("nvlink_nccl_peak"),
+                "pcie_avg": m.get("pcie_nccl_avg"),
+                "pcie_peak": m.get("pcie_nccl_peak"),
+                "nccl_on_nvlink": m.get("nccl_nvlink_share"),
+                "nccl_on_pcie": m.get("nccl_pcie_share"),
+                "samples": m.get("link_nccl_samples"),
+            }
+        )
     return rows
+
+
+def _pcie_detail(result: RunResult) -> str | None:
+    """Which source decided, and both sources' worst figures when both were given."""
+    rows = result.links.evidence.get("pcie_saturation", []) if result.links else []
+    parts = []
+    captured = [r for r in rows if r.get("source") == "nsys GPU metrics" and r.get("peak") is not None]
+    if captured:
+        worst = max(captured, key=lambda r: r["peak"])
+        parts.append(
+            f"nsys GPU metrics during NCCL kernels: rank {worst['rank']} (GPU {worst['gpu']}) peak "
+            f"{worst['peak']:.0%}, average {worst['avg']:.0%}"
+        )
+    dmon = [r for r in rows if r.get("source") == "nvidia-smi dmon" and r.get("peak") is not None]
+    if dmon:
+        worst = max(dmon, key=lambda r: r["peak"])
+        parts.append(f"nvidia-smi dmon: GPU {worst['gpu']} peak {worst['peak']:.0%} of the rated speed")
+    source = _m(result, "pcie_saturation_source")
+    if len(parts) > 1 and source:
+        parts.append(f"the verdict is the worse: {source}")
+    return "; ".join(parts) or None
 
 
 def _link_evidence(rule_id: str) -> Callable[[RunResult], list[dict[str, Any]]]:
@@ -515,10 +561,18 @@ def _straggler_found(result: RunResult) -> str:
 
 
 def _connections_found(result: RunResult) -> str:
-    return f"{_plural(_m(result, 'nccl_connections') or 0, 'NCCL connection line')}"
+    lines = _m(result, "nccl_connections")
+    judged = (_m(result, "transport_observations") or 0) - (lines or 0)
+    parts = [_plural(lines, "NCCL connection line")] if lines is not None else []
+    if judged or lines is None:
+        parts.append(f"{_plural(judged, 'rank pair')} of NVLink peers judged from the captures' link counters")
+    return " and ".join(parts)
 
 
 def _dmon_found(result: RunResult) -> str:
+    samples = _plural(_m(result, "pcie_samples") or 0, "PCIe sample")
+    if _m(result, "pcie_saturation_source") == "nsys GPU metrics":
+        return f"{samples} during NCCL kernels (nsys GPU metrics) on the rank with the fewest"
     return f"{_plural(_m(result, 'pcie_samples') or 0, 'dmon PCIe sample')} on the GPU with the fewest"
 
 
@@ -710,10 +764,10 @@ RULES: dict[str, Rule] = {
             floors=(
                 Floor(
                     "min_connections",
-                    "nccl_connections",
-                    "connection line",
+                    "transport_observations",
+                    "observation",
                     _connections_found,
-                    "the log shows no connection, so not how the ranks talk",
+                    "too little of the log or the link counters shows how the ranks talk",
                 ),
             ),
         ),
@@ -735,6 +789,7 @@ RULES: dict[str, Rule] = {
                     "too few samples: their peak is one burst, not the link's load",
                 ),
             ),
+            detail=_pcie_detail,
         ),
         Rule(
             "p2p_utilization",

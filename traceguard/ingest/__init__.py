@@ -234,6 +234,8 @@ def split_by_process(capture: model.Capture, pids: list[int], base_rank: int) ->
                     devices=capture.devices,
                     processes=capture.processes.filter(keep),
                     strings=capture.strings,
+                    # Every GPU's samples: each rank takes its own device's (metrics.link_counters).
+                    link_samples=capture.link_samples,
                 ),
             )
         )
@@ -250,6 +252,7 @@ def with_rank(capture: model.Capture, rank: int) -> model.Capture:
         devices=capture.devices.with_columns(lit),
         processes=capture.processes.with_columns(lit),
         strings=capture.strings,
+        link_samples=capture.link_samples,
     )
 
 

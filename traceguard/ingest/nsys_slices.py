@@ -212,6 +212,7 @@ class SlicedNsys:
                 processes=reader.processes(),
                 strings=reader.all_strings(self._strings),
             )
+            reader.add_link_samples(capture)  # small: a few columns per sample, read whole
             info.notes.extend(reader.text_notes())  # the GPU tables hold no text
             return capture
 

@@ -34,6 +34,7 @@ import polars as pl
 
 from traceguard import model
 from traceguard.errors import InputError
+from traceguard.ingest import gpu_metrics
 from traceguard.ingest.cache import gunzip_cached
 from traceguard.ingest.sqlite_safe import (
     SAFE_PRAGMAS,
@@ -394,8 +395,23 @@ class _Reader:
             processes=self.processes(),
             strings=self.all_strings(strings),
         )
+        self.add_link_samples(capture)
         info.notes.extend(self.text_notes())
         return capture
+
+    def add_link_samples(self, capture: model.Capture) -> None:
+        """The capture's nsys GPU metrics (traceguard.ingest.gpu_metrics), or why it has none."""
+        samples, info, reason = gpu_metrics.read_link_samples(self, self.gpu_devices)
+        capture.link_samples = samples
+        capture.info.gpu_metrics = info
+        capture.info.gpu_metrics_reason = reason or None
+
+    def gpu_devices(self) -> dict[int, int]:
+        """``TARGET_INFO_GPU``: GPU id → CUDA device (what GPU metrics and kernels call the GPU)."""
+        if "TARGET_INFO_GPU" not in self.tables or not {"id", "cuDevice"} <= self.columns("TARGET_INFO_GPU"):
+            return {}
+        rows = self.small("SELECT CAST(id AS INTEGER), CAST(cuDevice AS INTEGER) FROM TARGET_INFO_GPU")
+        return {int(i): int(d) for i, d in rows if i is not None and d is not None}
 
     def text_notes(self) -> list[str]:
         """What the read says about text that was not UTF-8 (none: nothing)."""

@@ -39,12 +39,28 @@ class LinkResult:
     evidence: dict[str, list[dict[str, Any]]]
 
 
-def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_gbps: float | None) -> LinkResult:
+def analyse_links(
+    side: SideData,
+    *,
+    peak_busbw_gbps: float | None,
+    rated_pcie_gbps: float | None,
+    capture: list[dict[str, Any]] | None = None,
+    capture_reason: str | None = None,
+    capture_pcie_share: float | None = None,
+    capture_nvlink_share: float | None = None,
+) -> LinkResult:
+    """The link metrics from the side inputs and, where the captures hold nsys GPU metrics, from
+    ``capture``: one row per rank (traceguard.metrics.link_counters.capture_link_rows);
+    ``capture_reason`` says why there are none. ``capture_pcie_share`` / ``capture_nvlink_share``
+    (the profile's transport_p2p parameters): a rank whose NCCL kernels' samples show PCIe busy at
+    least that often and NVLink busy at most that often moved its collective bytes over PCIe."""
+    capture = capture or []
     m: dict[str, Any] = {}
     null: dict[str, str] = {}
     evidence: dict[str, list[dict[str, Any]]] = {}
     found: list[Finding] = []
 
+    pairs: set[frozenset[int]] = set()
     m["nccl_connections"] = len(side.nccl.connections) if side.nccl is not None else None
     if side.nccl is None:
         null["nccl_connections"] = "no NCCL_DEBUG=INFO log given (--nccl-log, or nccl*.log in the run bundle)"
@@ -57,7 +73,6 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
         null["transport_fallback_pairs"] = f"transport unknown: {side.nccl.transport_unknown_reason}"
     else:
         found = findings(side.nccl, nvlink_pairs=side.nvlink_pairs)
-        pairs: set[frozenset[int]] = set()
         for f in found:
             if f.id in FALLBACK_FINDINGS:
                 ranks = sorted(f.ranks)
@@ -73,42 +88,185 @@ def analyse_links(side: SideData, *, peak_busbw_gbps: float | None, rated_pcie_g
     if side.nccl is not None and not side.nccl.transport_known:
         null["nccl_transports"] = null["transport_fallback_pairs"]
     m["nccl_version"] = side.nccl.version if side.nccl else None
+    log_pairs = pairs if side.nccl is not None and side.nccl.transport_known else set()
+    _capture_transport(
+        capture, side, capture_reason, capture_pcie_share, capture_nvlink_share, log_pairs, m, null, evidence, found
+    )
 
-    _pcie(side, rated_pcie_gbps, m, null, evidence)
+    _pcie(side, rated_pcie_gbps, m, null, evidence, capture, capture_reason)
     _collectives(side, peak_busbw_gbps, m, null, evidence)
     return LinkResult(m, null, found, evidence)
 
 
 def _pcie(
-    side: SideData, rated_gbps: float | None, m: dict[str, Any], null: dict[str, str], evidence: dict[str, Any]
+    side: SideData,
+    rated_gbps: float | None,
+    m: dict[str, Any],
+    null: dict[str, str],
+    evidence: dict[str, Any],
+    capture: list[dict[str, Any]],
+    capture_reason: str | None,
 ) -> None:
+    """``pcie_saturation``: the worse of dmon's peak ÷ rated speed and the captures' peak PCIe
+    throughput during NCCL kernels (nsys GPU metrics, already a share of the link's peak); both
+    sources' rows are the evidence and ``pcie_saturation_source`` names the one that decided.
+    ``pcie_samples``: that source's samples (dmon: of the GPU with the fewest; capture: samples
+    over NCCL kernels of the rank with the fewest)."""
+    m["pcie_saturation"] = m["pcie_samples"] = m["pcie_saturation_source"] = None
+    rows: list[dict[str, Any]] = []
+    dmon_peak, dmon_samples, dmon_reason = _dmon_pcie(side, rated_gbps, rows)
+    judged = [r for r in capture if r.get("pcie_nccl_peak") is not None]
+    capture_peak = max((r["pcie_nccl_peak"] for r in judged), default=None)
+    for r in judged:
+        rows.append(
+            {
+                "source": "nsys GPU metrics",
+                "rank": r["rank"],
+                "gpu": r["gpu"],
+                "peak": r["pcie_nccl_peak"],
+                "p95": r["pcie_nccl_p95"],
+                "avg": r["pcie_nccl_avg"],
+                "during": "NCCL kernels",
+                "samples": r["samples_nccl"],
+                "copies_peak": r["copies_pcie_peak"],
+                "copies_avg": r["copies_pcie_avg"],
+            }
+        )
+    if rows:
+        evidence["pcie_saturation"] = rows
+    candidates = [
+        (v, n, source)
+        for v, n, source in (
+            (dmon_peak, dmon_samples, "nvidia-smi dmon"),
+            (capture_peak, min((r["samples_nccl"] or 0 for r in judged), default=None), "nsys GPU metrics"),
+        )
+        if v is not None
+    ]
+    if not candidates:
+        capture_why = (
+            "no NCCL kernel holds a GPU metrics sample" if capture else (capture_reason or "no capture was analysed")
+        )
+        null["pcie_saturation"] = f"{dmon_reason}; and from the captures: {capture_why}"
+        null["pcie_samples"] = null["pcie_saturation_source"] = null["pcie_saturation"]
+        return
+    value, samples, source = max(candidates, key=lambda c: c[0])
+    m["pcie_saturation"] = value
+    m["pcie_samples"] = samples
+    m["pcie_saturation_source"] = source
+
+
+def _dmon_pcie(
+    side: SideData, rated_gbps: float | None, rows: list[dict[str, Any]]
+) -> tuple[float | None, int | None, str]:
+    """dmon's peak PCIe load ÷ rated speed and its sample count (GPU with the fewest), or why not;
+    its per-GPU rows are appended to ``rows``."""
     from traceguard.ingest.side_inputs import pcie_saturation
 
-    m["pcie_saturation"] = None
-    m["pcie_samples"] = None
     if side.dmon is None or side.dmon.height == 0:
-        null["pcie_saturation"] = "no `nvidia-smi dmon -s t` output given (--dmon, or dmon*.txt in the run bundle)"
-        null["pcie_samples"] = null["pcie_saturation"]
-        return
+        return None, None, "no `nvidia-smi dmon -s t` output given (--dmon, or dmon*.txt in the run bundle)"
     if not {"rxpci", "txpci"} & set(side.dmon.columns):
-        null["pcie_saturation"] = "the dmon output has no PCIe rx/tx columns (record it with `nvidia-smi dmon -s t`)"
-        return
+        return None, None, "the dmon output has no PCIe rx/tx columns (record it with `nvidia-smi dmon -s t`)"
     rated: dict[int, float] | float | None = side.pcie_rated_mb_s or (rated_gbps * 1000 if rated_gbps else None)
     if not rated:
-        null["pcie_saturation"] = "the PCIe link's rated speed is unknown (give `nvidia-smi -q` or set rated_pcie_gbps)"
-        return
+        return None, None, "the PCIe link's rated speed is unknown (give `nvidia-smi -q` or set rated_pcie_gbps)"
     result = pcie_saturation(side.dmon, rated)
     per_gpu = result.get("per_gpu") or {}
-    peak = result.get("peak")
-    if per_gpu:
-        m["pcie_samples"] = min(int(row["samples"]) for row in per_gpu.values())
-    else:
-        null["pcie_samples"] = "no PCIe samples with values in the dmon output"
-    if peak is None:
-        null["pcie_saturation"] = "no PCIe samples with values in the dmon output"
-        return
-    m["pcie_saturation"] = peak
-    evidence["pcie_saturation"] = [{"gpu": gpu, **row} for gpu, row in sorted(per_gpu.items())]
+    rows.extend({"source": "nvidia-smi dmon", "gpu": gpu, **row} for gpu, row in sorted(per_gpu.items()))
+    samples = min(int(row["samples"]) for row in per_gpu.values()) if per_gpu else None
+    if result.get("peak") is None:
+        return None, samples, "no PCIe samples with values in the dmon output"
+    return result["peak"], samples, ""
+
+
+def _capture_transport(
+    capture: list[dict[str, Any]],
+    side: SideData,
+    capture_reason: str | None,
+    pcie_share: float | None,
+    nvlink_share: float | None,
+    log_pairs: set[frozenset[int]],
+    m: dict[str, Any],
+    null: dict[str, str],
+    evidence: dict[str, list[dict[str, Any]]],
+    found: list[Finding],
+) -> None:
+    """The transport finding from the link counters: rank pairs of one host, NVLink peers per
+    ``nvidia-smi topo -m``, whose NCCL kernels moved their bytes over PCIe with NVLink idle.
+    Fills ``transport_observations`` (NCCL connection lines + rank pairs judged from the capture)
+    and, where the capture decides, ``transport_fallback_pairs`` (the union with the log's pairs)."""
+    judged = [r for r in capture if r.get("nccl_pcie_share") is not None]
+    on_pcie = {
+        r["rank"]: r
+        for r in judged
+        if r["nccl_pcie_share"] >= (pcie_share if pcie_share is not None else 0.5)
+        and (r.get("nccl_nvlink_share") or 0.0) <= (nvlink_share if nvlink_share is not None else 0.05)
+    }
+    peers = side.nvlink_pairs
+    candidates = [
+        (a, b)
+        for i, a in enumerate(judged)
+        for b in judged[i + 1 :]
+        if a.get("host") == b.get("host") and a["gpu"] != b["gpu"]
+    ]
+    judged_pairs = [(a, b) for a, b in candidates if peers is not None and frozenset((a["gpu"], b["gpu"])) in peers]
+    flagged = [(a, b) for a, b in judged_pairs if a["rank"] in on_pcie and b["rank"] in on_pcie]
+    connections = m.get("nccl_connections")
+    observations = (connections or 0) + len(judged_pairs)
+    m["transport_observations"] = observations if connections is not None or judged_pairs else None
+    if m["transport_observations"] is None:
+        why = null.get("nccl_connections", "no NCCL_DEBUG=INFO log given")
+        if not judged:
+            why += f"; and the captures show no link counters during NCCL kernels ({capture_reason or 'none'})"
+        elif peers is None:
+            why += "; and which GPUs are NVLink peers is unknown (give `nvidia-smi topo -m`)"
+        else:
+            why += "; and no two ranks of one host run on NVLink peers"
+        null["transport_observations"] = why
+
+    def figures(r: dict[str, Any]) -> str:
+        return (
+            f"rank {r['rank']} (GPU {r['gpu']}): during its NCCL kernels PCIe busy in {r['nccl_pcie_share']:.0%} "
+            f"of the samples (avg {r['pcie_nccl_avg']:.0%}, peak {r['pcie_nccl_peak']:.0%}), NVLink busy in "
+            f"{(r.get('nccl_nvlink_share') or 0):.0%} (avg {(r.get('nvlink_nccl_avg') or 0):.0%})"
+        )
+
+    if flagged:
+        pairs = {frozenset((a["rank"], b["rank"])) for a, b in flagged}
+        ranks = sorted({r for p in pairs for r in p})
+        described = ", ".join(f"{min(p)}↔{max(p)}" for p in sorted(pairs, key=sorted))
+        finding = Finding(
+            "pcie_while_nvlink_idle",
+            "fail",
+            f"NCCL kernels moved their bytes over PCIe with NVLink idle for {len(pairs)} rank pair(s) of NVLink "
+            f"peers ({described}; nsys GPU metrics): the collectives do not use NVLink (NCCL fell back to SHM or "
+            "to P2P over PCIe).",
+            ranks,
+            [figures(on_pcie[r]) for r in ranks],
+        )
+        found.append(finding)
+        evidence.setdefault("transport_p2p", []).append(
+            {
+                "finding": finding.id,
+                "severity": finding.severity,
+                "message": finding.message,
+                "ranks": ranks,
+                "lines": finding.evidence,
+            }
+        )
+        all_pairs = log_pairs | pairs
+        m["transport_fallback_pairs"] = len(all_pairs)
+        null.pop("transport_fallback_pairs", None)
+    elif judged_pairs and m.get("transport_fallback_pairs") is None:
+        # The capture judged NVLink peers and found their collectives on NVLink (or not on PCIe).
+        m["transport_fallback_pairs"] = 0
+        null.pop("transport_fallback_pairs", None)
+    elif on_pcie and peers is None and m.get("transport_fallback_pairs") is None:
+        ranks = sorted(on_pcie)
+        null["transport_fallback_pairs"] = (
+            f"{null.get('transport_fallback_pairs', 'no NCCL log')}; the captures show NCCL kernels on PCIe with "
+            f"NVLink idle ({'; '.join(figures(on_pcie[r]) for r in ranks)}), but whether these GPUs are NVLink "
+            "peers is unknown: give `nvidia-smi topo -m`"
+        )
 
 
 def _collectives(

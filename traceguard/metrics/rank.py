@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from traceguard.metrics import arrivals, breakdown, collectives, copies, graphs, nccl
+from traceguard.metrics import arrivals, breakdown, collectives, copies, graphs, link_counters, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.intervals import union_ns_batched
 from traceguard.metrics.steps import (
@@ -73,6 +74,8 @@ class RankResult:
     instances: pl.DataFrame = field(default_factory=arrivals.empty)
     #: The capture's clock base and where it came from, and its host (metrics.waits.RankClock).
     clock: dict[str, Any] = field(default_factory=dict)
+    #: nsys GPU metrics over the rank's steps, NCCL kernels and copies (metrics.link_counters.rank_links).
+    link_counters: dict[str, Any] = field(default_factory=dict)
 
 
 def analyse_rank(
@@ -132,6 +135,7 @@ def analyse_rank(
         breakdown=lambda: breakdown.whole_breakdown(
             ops, *breakdown.periods(steps, spans, gpu_timed=resolved.gpu_timed)
         ),
+        copy_mask=lambda _device, times: link_counters.copy_mask_of(ops, mask, times),
     )
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
 
@@ -169,6 +173,9 @@ class RankInputs:
     bubble: pl.DataFrame | BubbleInputs
     #: Step index → the step's GPU time broken down (metrics.breakdown).
     breakdown: Callable[[], dict[int, dict[str, int]]]
+    #: (device, its GPU metrics sample times) → which samples lie over the window's copies
+    #: (metrics.link_counters); asked only when the capture has samples of the rank's GPU.
+    copy_mask: Callable[[int, np.ndarray], np.ndarray] | None = None
 
 
 def rank_result(
@@ -199,6 +206,15 @@ def rank_result(
     graph_summary = inputs.graph_summary
     graphs.hide(m, null, graph_summary)
     graphs.hide_in_steps(step_rows, inputs.rare_ops, steps)
+    # The link counters over the steps, NCCL kernels and copies: before the timeline's thread
+    # starts, since they add the steps' link fields that the timeline's step rows carry.
+    own, device, no_samples = link_counters.rank_device_samples(capture, inputs.devices_used.to_list())
+    copy_mask = inputs.copy_mask(device, own["time"].to_numpy()) if device is not None and inputs.copy_mask else None
+    link_m, link_null, links = link_counters.rank_links(
+        capture, own, device, no_samples, step_rows, inputs.nccl_in_window, copy_mask
+    )
+    m.update(link_m)
+    null.update(link_null)
     # The timeline's lanes read only these frames: drawn on a second thread beside the metrics below
     # (NumPy and Polars release the GIL in their heavy calls), ~1.5 s of a 10 M-kernel rank.
     timeline_pool = ThreadPoolExecutor(max_workers=1)
@@ -250,7 +266,8 @@ def rank_result(
         peers=peers,
         small_collectives=small_details,
         workload=rank_workload(capture.ranges, steps, inputs.bubble, by_type),
-        timeline=timeline.result(),
+        timeline=link_counters.with_link_lane(timeline.result(), own, device),
+        link_counters=links,
         instances=(
             arrivals.collective_instances(nccl_ops, steps, phases, inputs.compute_near_nccl)
             if nccl_ops.height

@@ -19,7 +19,7 @@ from traceguard.metrics.run import RunResult
 from traceguard.metrics.transport import nccl_document
 from traceguard.metrics.workloads import empty as workload_entry
 from traceguard.metrics.workloads import run_workload
-from traceguard.report.fields import WAIT_STEP_FIELDS
+from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 
 SCHEMA_VERSION = "1"
 #: Metric names every ``metrics`` object carries (issue contract), in this order.
@@ -70,8 +70,22 @@ EXTRA_METRICS = (
     "nccl_wait_share",
     "collective_instances_matched",
 )
-#: Rank-only: how often the rank arrived last at a matched collective, and how late.
-RANK_ONLY = ("last_arrivals",)
+#: Rank-only: how often the rank arrived last at a matched collective, and how late; the link
+#: counters of its GPU over its NCCL kernels (metrics.link_counters, docs/links.md).
+RANK_ONLY = (
+    "last_arrivals",
+    "link_samples",
+    "link_nccl_samples",
+    "pcie_nccl_avg",
+    "pcie_nccl_p95",
+    "pcie_nccl_peak",
+    "nvlink_nccl_avg",
+    "nvlink_nccl_p95",
+    "nvlink_nccl_peak",
+    "nccl_nvlink_share",
+    "nccl_pcie_share",
+    "nccl_link_idle_share",
+)
 RUN_ONLY = (
     "ranks",
     "distinct_gpu_models",
@@ -99,6 +113,7 @@ STEP_FIELDS = (
     "peer_bytes",
     "peer_copies",
     *WAIT_STEP_FIELDS,
+    *LINK_STEP_FIELDS,
     "phases",
 )
 LINK_METRICS = (
@@ -111,6 +126,8 @@ LINK_METRICS = (
     "allreduce_small_latency_us",
     "nccl_connections",
     "pcie_samples",
+    "pcie_saturation_source",
+    "transport_observations",
     "allreduce_largest_bytes",
     "allreduce_small_sizes",
 )
@@ -238,6 +255,7 @@ def build(
                 "peers": r.peers or {"rows": [], "null_reason": NO_RANKS},
                 "workload": r.workload or workload_entry(),
                 "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,
+                "links": r.link_counters or {"null_reason": "not analysed"},
             }
             for r in ranks
         ],

@@ -17,3 +17,15 @@ WAIT_STEP_FIELDS = (
     "idle_other_ns",
     "lateness_ns",
 )
+
+#: Step fields of the link counters (docs/links.md; metrics.link_counters.LINK_STEP_FIELDS): the
+#: step's PCIe and NVLink load from nsys GPU metrics (the busier direction, % of the link's peak),
+#: over its GPU span and over its NCCL kernels. The store's ``steps`` columns are these too.
+LINK_STEP_FIELDS = (
+    "pcie_avg_pct",
+    "pcie_peak_pct",
+    "nvlink_avg_pct",
+    "nvlink_peak_pct",
+    "nccl_pcie_avg_pct",
+    "nccl_nvlink_avg_pct",
+)
