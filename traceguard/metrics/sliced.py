@@ -50,6 +50,7 @@ import polars as pl
 from traceguard.metrics import copies, graphs, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
+from traceguard.metrics.link_counters import IntervalMarks
 from traceguard.metrics.rank import (
     STEP_NCCL_COLUMNS,
     RankInputs,
@@ -315,6 +316,9 @@ class _Pass2:
     bubble: GroupUnion | None = None
     #: Each step's GPU time broken down, fed every slice (metrics.breakdown).
     breakdown: StepBreakdown | None = None
+    #: Per GPU with metrics samples: which of its samples lie over the window's copies
+    #: (metrics.link_counters), fed every slice.
+    link_marks: dict[int, IntervalMarks] = field(default_factory=dict)
 
 
 def analyse_rank_sliced(
@@ -423,6 +427,9 @@ def _finish(
     # -- pass 2 ------------------------------------------------------------------------------
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
+    samples = capture.link_samples
+    for (device,), own in samples.group_by("device") if samples.height else ():
+        two.link_marks[int(device)] = IntervalMarks(own.sort("time")["time"].to_numpy())  # type: ignore[arg-type]
     collectives_seen = nccl.with_collective(nccl_kernels, capture.strings)["collective"]
     if may_be_pipeline(capture.ranges, collectives_seen):
         two.bubble = GroupUnion(clip=True)
@@ -520,6 +527,9 @@ def _finish(
         devices_used=pl.Series("device", sorted(two.devices, key=lambda d: (d is None, d)), dtype=schema["device"]),
         bubble=bubble,
         breakdown=two.breakdown.rows,
+        copy_mask=lambda device, times: (
+            two.link_marks[device].mask() if device in two.link_marks else np.zeros(times.size, dtype=bool)
+        ),
     )
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)
 
@@ -713,6 +723,8 @@ def _second_pass(
             drain = two.compute_by_device.setdefault(dev, UnionDrain())
             _keep_near(two, dev, *drain.feed(start[rows], end[rows]), nccl_by_device)
     copies_lane.feed(*two.copies_union.feed(*part.moved))
+    for marks in two.link_marks.values():
+        marks.mark(*part.moved)
     two.graph_count += part.graph_count
     two.launched_count += part.launched_count
     if two.bubble is not None and part.bubble is not None:
