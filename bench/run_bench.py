@@ -321,6 +321,7 @@ def count_nsys(db: Path) -> dict[str, int]:
                 "CUPTI_ACTIVITY_KIND_MEMSET",
                 "CUPTI_ACTIVITY_KIND_RUNTIME",
                 "NVTX_EVENTS",
+                "GPU_METRICS",
             )
             if t in tables
         }
@@ -372,9 +373,16 @@ def tree_revision(tree: Path) -> str:
         return "unknown"
 
 
-def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline: Path | None = None) -> dict:
+def bench_nsys(
+    db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline: Path | None = None, *, full: bool = True
+) -> dict:
+    """nsys stats and traceguard on ``db``; ``full=False`` (the GPU metrics block): the default
+    analysis only, no whole-file / inferred / stage runs."""
     names = nsys_report_names()
-    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": [], WHOLE: [], INFERRED: []}
+    tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": []}
+    if full:
+        tools |= {WHOLE: [], INFERRED: []}
+    prefix = "" if full else "metrics_"
     if baseline is not None:
         tools[BASELINE] = []
     stages: list[dict] = []
@@ -385,7 +393,7 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline
     for i in range(repeat):
         if names:
             warm_cache(db)
-            stem = logs / f"nsys_stats.{i}"
+            stem = logs / f"{prefix}nsys_stats.{i}"
             cmd = ["nsys", "stats", "--report", ",".join(names), "--format", "csv", "--output", "-"]
             cmd += ["--force-export=false", str(db)]
             r = measure(cmd, stem)
@@ -396,11 +404,12 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline
             if fingerprint(db) != before:
                 notes.append("nsys stats modified the input file (see fingerprints)")
         if tg:
-            runs = [
-                ("traceguard analyze", "traceguard_nsys", [], tg),
-                (WHOLE, "traceguard_nsys_whole", ["--sliced-above", "1T"], tg),
-                (INFERRED, "traceguard_nsys_inferred", ["--step-source", "inferred"], tg),
-            ]
+            runs = [("traceguard analyze", f"{prefix}traceguard_nsys", [], tg)]
+            if full:
+                runs += [
+                    (WHOLE, "traceguard_nsys_whole", ["--sliced-above", "1T"], tg),
+                    (INFERRED, "traceguard_nsys_inferred", ["--step-source", "inferred"], tg),
+                ]
             if baseline is not None:
                 runs.insert(1, (BASELINE, "traceguard_nsys_baseline", [], baseline_cmd(baseline)))
             for tool, stem_name, extra, command in runs:
@@ -408,7 +417,7 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline
                 r = measure_traceguard([*command, "analyze", str(db), *extra], logs / f"{stem_name}.{i}")
                 tools[tool].append(r)
                 print(f"  {tool} #{i}: {r['wall_s']:.1f} s, {r['peak_rss_mb']:.0f} MB {r['error'] or ''}")
-            for sources in ("", "inferred"):
+            for sources in ("", "inferred") if full else ():
                 warm_cache(db)
                 stem = logs / f"stages_{sources or 'default'}.{i}"
                 r = measure([str(VENV_PY), "-c", STAGE_CODE, str(db), sources], stem)
@@ -418,12 +427,12 @@ def bench_nsys(db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline
                     stage = {"error": f"exit status {r['rc']}; see {rel(Path(f'{stem}.err'))}"}
                 stages.append({"sources": sources or "default", **stage})
                 print(f"  stages ({sources or 'default'}) #{i}: {stage}")
-    if tg and repeat:
+    if tg and repeat and full:
         notes.append(f"the default's report and the whole-file one, apart from generated_at: {same_reports(logs)}")
     if not tg:
         tools["traceguard analyze"].append({"error": TG_MISSING})
-        tools.pop(INFERRED)
-        tools.pop(WHOLE)
+        tools.pop(INFERRED, None)
+        tools.pop(WHOLE, None)
     after = fingerprint(db)
     if baseline is not None:
         notes.append(f"baseline: {BASELINE} is the checkout {baseline} at {tree_revision(baseline)}")
@@ -520,6 +529,7 @@ def verdicts(res: dict) -> list[dict]:
     rows = []
     for kind, ref_name, ratio_target, rss_target in (
         ("nsys", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB),
+        ("nsys_metrics", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB),
         ("kineto", "HTA", KINETO_TIME_RATIO, None),
     ):
         block = res.get(kind)
@@ -552,6 +562,10 @@ def verdicts(res: dict) -> list[dict]:
                     rss_ok = s["rss_max_mb"] < rss_target
                     ok = ok and rss_ok
                     row["part"] = f"time {'PASS' if time_ok else 'FAIL'}, RSS {'PASS' if rss_ok else 'FAIL'}"
+                plain = (res.get("nsys") or {}).get("tools", {}).get("traceguard analyze", {})
+                if kind == "nsys_metrics" and plain.get("ok") and s.get("ok"):
+                    cost = s["wall_median_s"] - plain["wall_median_s"]
+                    target += f" (the GPU metrics cost {cost:+.2f} s over the same capture without them)"
                 row["target"] = target
                 row["pass"] = bool(ok) if s.get("ok") and ref.get("ok") else None
             rows.append(row)
@@ -600,9 +614,9 @@ def write_markdown(res: dict, path: Path) -> None:
         if row.get("part") and row.get("pass") is False:
             passed += f" ({row['part']})"
         err = " (error, see below)" if not row.get("ok") else ""
+        label = f"{row['tool']} · with GPU metrics" if row["kind"] == "nsys_metrics" else row["tool"]
         lines.append(
-            f"| {row['tool']}{ref}{err} | {fmt_rows(block)} | {wall} | {rss} | {ratio} | "
-            f"{row.get('target', '')} | {passed} |"
+            f"| {label}{ref}{err} | {fmt_rows(block)} | {wall} | {rss} | {ratio} | {row.get('target', '')} | {passed} |"
         )
     stages = res.get("nsys", {}).get("stages", {})
     if "default" in stages or "inferred" in stages:
@@ -627,7 +641,7 @@ def write_markdown(res: dict, path: Path) -> None:
                 verdict = "**PASS**" if stages[f"{key}_pass"] else "**FAIL**"
                 lines.append(f"- {label}: {stages[f'{key}_share']:.1%} of the analysis — {verdict}")
     lines += ["", "Rows per table:", ""]
-    for kind in ("nsys", "kineto"):
+    for kind in ("nsys", "nsys_metrics", "kineto"):
         if kind in res:
             b = res[kind]
             counts = ", ".join(f"{k} {v:,}" for k, v in b["rows"].items())
@@ -638,6 +652,13 @@ def write_markdown(res: dict, path: Path) -> None:
                     f"  - scaled from `{sf['source']}` (sha256 {sf['source_sha256'][:12]}…), "
                     f"{sf['copies']} copies, built in {sf['build_s']} s"
                 )
+                if sf.get("gpu_metrics_rows"):
+                    lines.append(
+                        f"  - GPU metrics: the real samples of `{sf['gpu_metrics_source']}` (sha256 "
+                        f"{sf['gpu_metrics_source_sha256'][:12]}…) at {sf['gpu_metrics_hz']} Hz, tiled "
+                        f"{sf['gpu_metrics_tiles']} times over the timeline: {sf['gpu_metrics_rows']:,} rows, "
+                        f"added in {sf['gpu_metrics_build_s']} s"
+                    )
             if "input_unmodified" in b:
                 lines.append(f"  - `nsys stats` left the file unmodified: {b['input_unmodified']}")
             lines += [f"  - note: {n}" for n in b["notes"]]
@@ -658,6 +679,11 @@ def write_markdown(res: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nsys", type=Path, help="scaled nsys SQLite export (bench/scale_capture.py nsys)")
+    ap.add_argument(
+        "--nsys-metrics",
+        type=Path,
+        help="the same scaled export with GPU metrics added (bench/scale_capture.py gpu-metrics)",
+    )
     ap.add_argument("--kineto", type=Path, help="scaled Kineto JSON (bench/scale_capture.py kineto)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
@@ -686,6 +712,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsys: {args.nsys}")
         baseline = args.baseline.resolve() if args.baseline else None
         res["nsys"] = bench_nsys(args.nsys.resolve(), args.repeat, args.logs, tg, baseline)
+    if args.nsys_metrics:
+        print(f"nsys with GPU metrics: {args.nsys_metrics}")
+        res["nsys_metrics"] = bench_nsys(args.nsys_metrics.resolve(), args.repeat, args.logs, tg, full=False)
     if args.kineto:
         print(f"kineto: {args.kineto}")
         res["kineto"] = bench_kineto(args.kineto.resolve(), args.repeat, args.logs, tg)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Scale a real capture up to benchmark size.
 
-Two subcommands::
+Three subcommands::
 
     python bench/scale_capture.py nsys   SRC.sqlite[.gz] --kernels 10000000 --out BIG.sqlite
     python bench/scale_capture.py kineto SRC.json[.gz]   --events  1500000  --out BIG.json
+    python bench/scale_capture.py gpu-metrics BIG.sqlite --from METRICS.sqlite[.gz] --hz 1000
 
 ``nsys``: the per-event tables (kernels, copies, sets, CUDA runtime calls, NVTX ranges) are
 replicated inside SQLite. Copy ``k`` of every row is shifted in time by ``k × (span + gap)``
@@ -288,6 +289,84 @@ def scale_kineto(src: Path, out: Path, events: int, gap_us: float) -> dict[str, 
     return {"traceEvents": len(out_events), **cats}
 
 
+def add_gpu_metrics(big: Path, src: Path, hz: int) -> dict[str, int]:
+    """Give a scaled nsys export GPU metrics: the real samples of ``src`` (an export made with
+    ``--gpu-metrics-devices``: every counter of each sample time), thinned to ``hz`` samples a
+    second (every k-th sample time of the source's rate), tiled end to end over ``big``'s
+    timeline, on the GPU of ``big``'s kernels. Same doubling as :func:`scale_nsys`."""
+    t0 = time.perf_counter()
+    work = big.parent / f"{big.name}.metrics-src.sqlite"
+    _copy_source(src, work)
+    conn = sqlite3.connect(big, isolation_level=None)
+    conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;")
+    conn.execute("ATTACH DATABASE ? AS src", (str(work),))
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "GPU_METRICS" in present:
+        sys.exit(f"{big}: already has GPU_METRICS")
+    for table in ("GPU_METRICS", "TARGET_INFO_GPU_METRICS"):
+        (sql,) = conn.execute("SELECT sql FROM src.sqlite_master WHERE name = ?", (table,)).fetchone()
+        conn.execute(sql)
+    device = conn.execute(f"SELECT min(deviceId) FROM {KERNEL_TABLE}").fetchone()[0] or 0
+    (src_type,) = conn.execute("SELECT min(typeId) FROM src.GPU_METRICS").fetchone()
+    new_type = (src_type & ~0xFF) | device  # the samples' GPU is the kernels' (typeId & 0xFF)
+    conn.execute(
+        "INSERT INTO TARGET_INFO_GPU_METRICS SELECT ?, ?, typeName, metricId, metricName "
+        "FROM src.TARGET_INFO_GPU_METRICS WHERE typeId = ?",
+        (new_type, new_type, src_type),
+    )
+    query = "SELECT DISTINCT timestamp FROM src.GPU_METRICS WHERE timestamp >= 0 ORDER BY 1"
+    times = [r[0] for r in conn.execute(query)]
+    period = (times[-1] - times[0]) / (len(times) - 1)
+    stride = max(1, round(1e9 / hz / period))
+    kept = times[::stride]
+    lo, hi = conn.execute(f"SELECT min(start), max(end) FROM {KERNEL_TABLE}").fetchone()
+    block = kept[-1] - kept[0] + round(period * stride)  # one tile's length: its samples, one period apart
+    conn.execute("CREATE TEMP TABLE kept(t INTEGER PRIMARY KEY)")
+    conn.executemany("INSERT INTO kept VALUES (?)", [(t,) for t in kept])
+    cols = _columns(conn, "GPU_METRICS")
+    shift0 = lo - kept[0]
+    exprs = [
+        f'"{c}" + {shift0}' if c in ("timestamp", "rawTimestamp") else str(new_type) if c == "typeId" else f'"{c}"'
+        for c in cols
+    ]
+    col_list = ", ".join(f'"{c}"' for c in cols)
+    conn.executescript(
+        f"BEGIN; INSERT INTO GPU_METRICS ({col_list}) SELECT {', '.join(exprs)} FROM src.GPU_METRICS "
+        f"WHERE typeId = {src_type} AND timestamp IN (SELECT t FROM kept); COMMIT;"
+    )
+    tiles = max(1, math.ceil((hi - lo) / block))
+    have = 1
+    while have < tiles:
+        take = min(have, tiles - have)
+        shift = have * block
+        shifted = [f'"{c}" + {shift}' if c in ("timestamp", "rawTimestamp") else f'"{c}"' for c in cols]
+        conn.executescript(
+            f"BEGIN; INSERT INTO GPU_METRICS ({col_list}) SELECT {', '.join(shifted)} FROM GPU_METRICS "
+            f"WHERE timestamp < {lo + take * block}; COMMIT;"
+        )
+        have += take
+    rows = conn.execute("SELECT count(*) FROM GPU_METRICS").fetchone()[0]
+    conn.execute("DETACH DATABASE src")
+    conn.close()
+    work.unlink()
+    took = time.perf_counter() - t0
+    facts = {
+        "gpu_metrics_source": str(src),
+        "gpu_metrics_source_sha256": _sha256(src),
+        "gpu_metrics_hz": round(1e9 / (period * stride)),
+        "gpu_metrics_tiles": tiles,
+        "gpu_metrics_rows": rows,
+        "gpu_metrics_build_s": round(took, 1),
+    }
+    sidecar = Path(f"{big}.scale.json")
+    meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+    meta.update(facts)
+    meta.setdefault("rows", {})["GPU_METRICS"] = rows
+    sidecar.write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"{big}: GPU_METRICS {rows:,} rows ({facts['gpu_metrics_hz']} Hz, {tiles} tiles) in {took:.1f} s")
+    return {"GPU_METRICS": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -301,9 +380,15 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--events", type=int, default=1_500_000, help="target traceEvents (rounded up to whole copies)")
     k.add_argument("--gap-us", type=float, default=1000.0, help="idle gap between copies")
     k.add_argument("--out", type=Path, required=True)
+    g = sub.add_parser("gpu-metrics", help="add real GPU metrics samples, tiled, to a scaled nsys export")
+    g.add_argument("big", type=Path, help="the scaled export (from the nsys subcommand)")
+    g.add_argument("--from", dest="src", type=Path, required=True, help="an export with GPU metrics")
+    g.add_argument("--hz", type=int, default=1000, help="samples per second kept (≤ the source's rate)")
     args = parser.parse_args(argv)
     if args.cmd == "nsys":
         scale_nsys(args.src, args.out, args.kernels, args.gap_ns)
+    elif args.cmd == "gpu-metrics":
+        add_gpu_metrics(args.big, args.src, args.hz)
     else:
         scale_kineto(args.src, args.out, args.events, args.gap_us)
 
