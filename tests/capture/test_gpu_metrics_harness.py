@@ -73,3 +73,20 @@ def test_inspector_plugin_must_exist(tmp_path: Path) -> None:
     cfg = harness.run_parser().parse_args(["--out", str(tmp_path), "--nccl-inspector", str(tmp_path / "missing.so")])
     with pytest.raises(SystemExit, match="is not a file"):
         harness.job_environment(cfg, tmp_path)
+
+
+def test_a_rank_without_gpu_metrics_is_diagnosed(tmp_path: Path) -> None:
+    """An export without GPU_METRICS (here a real one made without --gpu-metrics) is named, with
+    what nsys printed about metrics; exports that have them are not."""
+    import gzip
+    import shutil
+
+    for run, rank in (("h100x2_waits/clean_nsys", 0), ("h200x2_links/p2p", 1)):
+        with gzip.open(OWN / run / f"cap_{rank}.sqlite.gz") as src, (tmp_path / f"cap_{rank}.sqlite").open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+    captures = [{"path": "cap_0.sqlite", "rank": 0}, {"path": "cap_1.sqlite", "rank": 1}]
+    log = (OWN / "h100x2_waits" / "clean_nsys" / "stdout.txt").read_text()
+    said = harness._missing_gpu_metrics(tmp_path, captures, log)
+    assert len(said) == 1 and said[0].startswith("rank 0: --gpu-metrics was given but the export has no GPU metrics")
+    nsys_line = "ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters"
+    assert nsys_line in harness._missing_gpu_metrics(tmp_path, captures, f"{log}\n{nsys_line}\n")[0]

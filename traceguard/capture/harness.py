@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -369,6 +370,33 @@ def _export_reports(out: Path, nsys: str, world: int, keep: bool) -> tuple[list[
     return captures, problems
 
 
+def _missing_gpu_metrics(out: Path, captures: list[dict[str, Any]], log: str) -> list[str]:
+    """Ranks whose export has no GPU metrics although ``--gpu-metrics`` asked nsys for them, with
+    what nsys said about it (counters restricted to admin users: ERR_NVGPUCTRPERM; a GPU another
+    collector already samples; a GPU without a metric set)."""
+    said = [
+        line.strip()
+        for line in log.splitlines()
+        if re.search(r"gpu.?metric|NVGPUCTRPERM|performance counter|permission", line, re.IGNORECASE)
+    ]
+    missing = []
+    for capture in captures:
+        try:
+            with sqlite3.connect(f"file:{out / capture['path']}?mode=ro", uri=True) as conn:
+                has = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'GPU_METRICS'").fetchone()
+        except sqlite3.Error:
+            continue
+        if not has:
+            missing.append(capture["rank"])
+    if not missing:
+        return []
+    return [
+        f"rank {', '.join(map(str, missing))}: --gpu-metrics was given but the export has no GPU metrics; "
+        + (f"nsys said: {' | '.join(said[:4])}" if said else "nsys said nothing about them")
+        + " (pcie_saturation falls back to nvidia-smi dmon)"
+    ]
+
+
 class Refused(SystemExit):
     """A combination the harness will not run (said before any rank starts); a sweep lists it and goes on."""
 
@@ -499,6 +527,8 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     if cfg.capture == "nsys" and nsys:
         captures, problems = _export_reports(out, nsys, cfg.world_size, cfg.keep_reports)
         diagnostics += problems
+        if getattr(cfg, "gpu_metrics", False) and cuda:
+            diagnostics += _missing_gpu_metrics(out, captures, log)
     elif cfg.capture == "torch":
         captures = [
             {"path": f"rank{r['rank']}.trace.json", "rank": r["rank"], "tool": "torch.profiler"}
@@ -548,9 +578,9 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
             if getattr(cfg, "gpu_metrics", False) and cfg.capture == "nsys" and cuda
             else None
         ),
-        "inspector_logs": sorted(
-            str(p.relative_to(out)) for p in (out / "inspector").glob("*") if p.is_file()
-        ) if (out / "inspector").is_dir() else [],
+        "inspector_logs": sorted(str(p.relative_to(out)) for p in (out / "inspector").glob("*") if p.is_file())
+        if (out / "inspector").is_dir()
+        else [],
         "side_files": side,
         "diagnostics": diagnostics,
     }
