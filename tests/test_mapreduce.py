@@ -30,6 +30,7 @@ from traceguard.cli import app
 from traceguard.ingest import load_run
 from traceguard.ingest.sides import SideData, SideFiles, discover, load_side
 from traceguard.mapreduce import SCHEDULER_ENV, peek_rank
+from traceguard.metrics.link_counters import capture_link_rows, capture_null_reason
 from traceguard.metrics.links import analyse_links
 from traceguard.metrics.run import analyse_run
 from traceguard.report import document
@@ -63,6 +64,10 @@ def _whole_in_memory(inputs: list[str]) -> dict[str, Any]:
         side,
         peak_busbw_gbps=profile.rule("p2p_utilization").params.get("peak_busbw_gbps"),
         rated_pcie_gbps=profile.rule("pcie_saturation").params.get("rated_pcie_gbps"),
+        capture=capture_link_rows(result.ranks),
+        capture_reason=capture_null_reason(result.ranks),
+        capture_pcie_share=profile.rule("transport_p2p").params.get("capture_pcie_share"),
+        capture_nvlink_share=profile.rule("transport_p2p").params.get("capture_nvlink_share"),
     )
     result.links = links
     result.metrics.update(links.metrics)

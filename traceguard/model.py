@@ -150,8 +150,9 @@ PROCESSES_SCHEMA: dict[str, pl.DataType] = {
 STRINGS_SCHEMA: dict[str, pl.DataType] = {"id": pl.Int32(), "value": pl.String()}
 
 #: The link counters nsys samples with ``--gpu-metrics-devices`` (traceguard.ingest.gpu_metrics),
-#: one row per sample time and GPU, reduced to a small normalized set: each value is a percentage
-#: of the counter's peak (nsys's ``[Throughput %]``), null when the GPU's metric set lacks it.
+#: one row per sample time and GPU, reduced to a small normalized set: each value is a whole
+#: percentage of the counter's peak (nsys's ``[Throughput %]``, recorded as integers), null when
+#: the GPU's metric set lacks it. One byte each: a 10 kHz capture holds 10 k rows a second.
 #: ``device`` is the CUDA device the sample belongs to (``TARGET_INFO_GPU.cuDevice``); ``time`` the
 #: sample's time on the capture's clock (ns), the end of the interval it averages.
 LINK_METRICS: tuple[str, ...] = (
@@ -165,7 +166,7 @@ LINK_METRICS: tuple[str, ...] = (
 LINK_SAMPLES_SCHEMA: dict[str, pl.DataType] = {
     "device": pl.Int32(),
     "time": pl.Int64(),
-    **{name: pl.Float32() for name in LINK_METRICS},
+    **{name: pl.UInt8() for name in LINK_METRICS},
 }
 
 
@@ -218,6 +219,19 @@ class Capture:
     strings: pl.DataFrame
     #: nsys GPU metrics samples (:data:`LINK_SAMPLES_SCHEMA`); empty when the capture has none.
     link_samples: pl.DataFrame = field(default_factory=lambda: empty(LINK_SAMPLES_SCHEMA))
+    #: A read of the samples still running on another thread (a Future of (samples, info dict,
+    #: reason)): the sliced reader starts it beside the op slices; :meth:`resolve_links` waits.
+    pending_links: Any = None
+
+    def resolve_links(self) -> None:
+        """Wait for a pending read of the link samples and take its result (idempotent)."""
+        if self.pending_links is None:
+            return
+        samples, info, reason = self.pending_links.result()
+        self.link_samples = samples
+        self.info.gpu_metrics = info
+        self.info.gpu_metrics_reason = reason or None
+        self.pending_links = None
 
     def name_of(self) -> dict[int, str]:
         """Id → text for the (few thousand) interned names."""

@@ -242,9 +242,7 @@ def _late_rank_row(result: RunResult) -> dict[str, Any] | None:
     late = result.waits.late if result.waits else None
     if not late:
         return None
-    idle = {
-        r.rank: _median_of([s.get("idle_host_ns") for s in r.steps]) for r in result.ranks
-    }
+    idle = {r.rank: _median_of([s.get("idle_host_ns") for s in r.steps]) for r in result.ranks}
     others = [v for rank, v in idle.items() if rank != late["rank"] and v is not None]
     return {
         "late_rank": late["rank"],
@@ -269,7 +267,7 @@ def _wait_evidence(result: RunResult) -> list[dict[str, Any]]:
 
 
 def late_rank_sentence(result: RunResult) -> str | None:
-    """"rank 1 arrived last at 360 of 360 matched collectives, median 30.1 ms late; its GPU waited
+    """ "rank 1 arrived last at 360 of 360 matched collectives, median 30.1 ms late; its GPU waited
     for its host 30.2 ms per step (the others 0.1 ms)": the cause, in one sentence."""
     row = _late_rank_row(result)
     if row is None:

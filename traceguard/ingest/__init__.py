@@ -236,6 +236,7 @@ def split_by_process(capture: model.Capture, pids: list[int], base_rank: int) ->
                     strings=capture.strings,
                     # Every GPU's samples: each rank takes its own device's (metrics.link_counters).
                     link_samples=capture.link_samples,
+                    pending_links=capture.pending_links,
                 ),
             )
         )
@@ -253,6 +254,7 @@ def with_rank(capture: model.Capture, rank: int) -> model.Capture:
         processes=capture.processes.with_columns(lit),
         strings=capture.strings,
         link_samples=capture.link_samples,
+        pending_links=capture.pending_links,
     )
 
 

@@ -73,79 +73,146 @@ class GpuMetricsInfo:
     frequency_hz: float | None = None
 
 
-def read_link_samples(
-    src: _Source, gpu_devices: Callable[[], dict[int, int]]
-) -> tuple[pl.DataFrame, dict[str, Any] | None, str]:
-    """The capture's link samples (:data:`model.LINK_SAMPLES_SCHEMA`), their info as a dict (or
-    None), and when there are none, why. ``gpu_devices``: GPU id → CUDA device (TARGET_INFO_GPU)."""
-    empty = model.empty(model.LINK_SAMPLES_SCHEMA)
+#: GPU_METRICS rows scanned per chunk (by rowid): the read holds one chunk's integers at a time.
+CHUNK_ROWS = 4_000_000
+
+Bulk = Callable[[str, Sequence[tuple[str, str, str]], str], pl.DataFrame]
+
+
+@dataclass
+class LinkPlan:
+    """What to read of GPU_METRICS, decided from the small tables (:func:`plan_link_read`)."""
+
+    #: (typeId, metricId) → normalized key.
+    wanted: dict[tuple[int, int], str]
+    names: dict[str, list[str]]
+    others: list[str]
+    #: GPU id → CUDA device.
+    devices: dict[int, int]
+    max_rowid: int
+
+
+def plan_link_read(src: _Source, gpu_devices: Callable[[], dict[int, int]]) -> LinkPlan | str:
+    """The plan for :func:`load_link_samples`, or why the capture has no link samples."""
     if "GPU_METRICS" not in src.tables:
         if "GENERIC_EVENTS" in src.tables and _generic_events_hold_metrics(src):
             return (
-                empty,
-                None,
-                (
-                    "the export keeps GPU metrics in the nsys 2021 form (JSON in GENERIC_EVENTS), which traceguard "
-                    "does not read: re-export the report with nsys 2022.4 or later (`nsys export --type sqlite`)"
-                ),
+                "the export keeps GPU metrics in the nsys 2021 form (JSON in GENERIC_EVENTS), which traceguard "
+                "does not read: re-export the report with nsys 2022.4 or later (`nsys export --type sqlite`)"
             )
-        return (
-            empty,
-            None,
-            "the capture has no GPU metrics (record them with `nsys profile --gpu-metrics-devices=<GPU>`)",
-        )
+        return "the capture has no GPU metrics (record them with `nsys profile --gpu-metrics-devices=<GPU>`)"
     if "TARGET_INFO_GPU_METRICS" not in src.tables:
-        return empty, None, "the export has GPU_METRICS but no TARGET_INFO_GPU_METRICS naming its counters"
+        return "the export has GPU_METRICS but no TARGET_INFO_GPU_METRICS naming its counters"
     cols = src.columns("GPU_METRICS")
     if not {"timestamp", "typeId", "metricId", "value"} <= cols:
-        return empty, None, f"GPU_METRICS lacks the columns traceguard reads (has: {', '.join(sorted(cols))})"
+        return f"GPU_METRICS lacks the columns traceguard reads (has: {', '.join(sorted(cols))})"
     catalog = src.small("SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS")
     wanted, names, others = _select_counters([(int(t), int(m), str(n or "")) for t, m, n in catalog])
     if not wanted:
         found = ", ".join(sorted({str(n) for _, _, n in catalog})[:8]) or "none"
-        return empty, None, f"the GPU metric set records no PCIe/NVLink/SM/DRAM load counter (its counters: {found})"
-    pairs = pl.DataFrame(
-        [(t, m, key) for (t, m), key in wanted.items()],
-        schema={"type_id": pl.Int64, "metric_id": pl.Int64, "key": pl.String},
-        orient="row",
-    )
-    metric_ids = sorted({m for _, m in wanted})
-    raw = src.bulk(
-        "GPU_METRICS",
-        [
-            ("time", "timestamp", "int"),
-            ("type_id", "typeId", "int"),
-            ("metric_id", "metricId", "int"),
-            ("value", "value", "int"),
-        ],
-        f"WHERE metricId IN ({', '.join(str(m) for m in metric_ids)})",
-    )
-    if raw.height == 0:
-        return empty, None, "the capture's GPU_METRICS table holds no samples of the link counters"
-    keyed = raw.join(pairs, on=["type_id", "metric_id"], how="inner")
-    devices = gpu_devices()
-    gpu = (pl.col("type_id") & 0xFF).cast(pl.Int32)
-    keyed = keyed.with_columns(gpu.replace_strict(devices, default=gpu, return_dtype=pl.Int32).alias("device"))
-    # Requests + responses (or read + write) are separate counters of one sample: summed per key.
-    wide = (
-        keyed.group_by("device", "time", "key")
-        .agg(pl.col("value").sum())
-        .pivot(on="key", index=["device", "time"], values="value")
-        .sort("device", "time")
-    )
-    samples = model.conform(
-        wide.with_columns(pl.col(c).clip(0, 100) for c in wide.columns if c in names), model.LINK_SAMPLES_SCHEMA
-    )
-    samples = samples.filter(pl.col("time") >= 0)  # nsys writes a few samples before the session's time 0
+        return f"the GPU metric set records no PCIe/NVLink/SM/DRAM load counter (its counters: {found})"
+    (top,) = src.small("SELECT max(rowid) FROM GPU_METRICS")[0]
+    return LinkPlan(wanted, names, others, gpu_devices(), int(top or 0))
+
+
+def load_link_samples(plan: LinkPlan, bulk: Bulk) -> tuple[pl.DataFrame, dict[str, Any] | None, str]:
+    """The samples of ``plan`` (:data:`model.LINK_SAMPLES_SCHEMA`), their info as a dict, or why
+    none. ``bulk(table, spec, where)`` reads integer columns (the nsys reader's). Safe to run on
+    another thread than the plan's when ``bulk`` opens its own connection (the C reader does)."""
+    metric_ids = ", ".join(str(m) for m in sorted({m for _, m in plan.wanted}))
+    spec = [
+        ("time", "timestamp", "int"),
+        ("type_id", "typeId", "int"),
+        ("metric_id", "metricId", "int"),
+        ("value", "value", "int"),
+    ]
+    parts: list[pl.DataFrame] = []
+    carry: pl.DataFrame | None = None
+    for low in range(0, plan.max_rowid + 1, CHUNK_ROWS):
+        where = f"WHERE rowid >= {low} AND rowid < {low + CHUNK_ROWS} AND metricId IN ({metric_ids})"
+        chunk = bulk("GPU_METRICS", spec, where)
+        if carry is not None:
+            chunk = pl.concat([carry, chunk])
+        last = low + CHUNK_ROWS > plan.max_rowid
+        if not last and chunk.height:
+            # A sample's counters may straddle the chunk's end: its last time per GPU goes on.
+            cutoff = chunk.group_by("type_id").agg(pl.col("time").max())["time"].min()
+            carry, chunk = chunk.filter(pl.col("time") >= cutoff), chunk.filter(pl.col("time") < cutoff)
+        if chunk.height:
+            parts.append(_wide(chunk, plan))
+    samples = model.conform(pl.concat(parts), model.LINK_SAMPLES_SCHEMA) if parts else None
+    if samples is None or samples.height == 0:
+        return (
+            model.empty(model.LINK_SAMPLES_SCHEMA),
+            None,
+            "the capture's GPU_METRICS holds no sample of the link counters",
+        )
+    samples = samples.filter(pl.col("time") >= 0).sort("device", "time")  # nsys writes a few before time 0
     info = GpuMetricsInfo(
         source="GPU_METRICS",
-        names=names,
-        other_names=others,
+        names=plan.names,
+        other_names=plan.others,
         devices=sorted(samples["device"].unique().to_list()),
         samples=samples.height,
         frequency_hz=_frequency(samples),
     )
     return samples, asdict(info), ""
+
+
+def read_link_samples(
+    src: _Source, gpu_devices: Callable[[], dict[int, int]]
+) -> tuple[pl.DataFrame, dict[str, Any] | None, str]:
+    """The capture's link samples (:data:`model.LINK_SAMPLES_SCHEMA`), their info as a dict (or
+    None), and when there are none, why. ``gpu_devices``: GPU id → CUDA device (TARGET_INFO_GPU)."""
+    plan = plan_link_read(src, gpu_devices)
+    if isinstance(plan, str):
+        return model.empty(model.LINK_SAMPLES_SCHEMA), None, plan
+    return load_link_samples(plan, src.bulk)
+
+
+def _wide(chunk: pl.DataFrame, plan: LinkPlan) -> pl.DataFrame:
+    """One row per (GPU, sample time) with the normalized keys (requests + responses summed),
+    whole percents clipped to 0..100. Each counter of a GPU is sampled at the same times, so the
+    columns line up by position; where they do not, a group-by pivot does the same, slower."""
+    columns: dict[str, pl.Series] = {}
+    frames = []
+    for (type_id,), part in chunk.group_by("type_id", maintain_order=True):
+        by_metric = part.partition_by("metric_id", as_dict=True, include_key=False)
+        keyed = [(plan.wanted.get((int(type_id), int(m))), frame) for (m,), frame in by_metric.items()]  # type: ignore[call-overload]
+        keyed = [(k, f) for k, f in keyed if k is not None]
+        times = keyed[0][1]["time"] if keyed else None
+        if times is None or not all(f.height == times.len() and f["time"].equals(times) for _, f in keyed):
+            frames.append(_wide_by_group(part, int(type_id), plan))  # type: ignore[call-overload]
+            continue
+        columns = {}
+        for key, frame in keyed:
+            values = frame["value"]
+            columns[key] = values if key not in columns else columns[key] + values
+        device = plan.devices.get(int(type_id) & 0xFF, int(type_id) & 0xFF)  # type: ignore[call-overload]
+        frames.append(
+            pl.DataFrame(
+                {"device": pl.repeat(device, times.len(), dtype=pl.Int32, eager=True), "time": times}
+            ).with_columns(s.clip(0, 100).alias(k) for k, s in columns.items())
+        )
+    return pl.concat([model.conform(f, model.LINK_SAMPLES_SCHEMA) for f in frames])
+
+
+def _wide_by_group(part: pl.DataFrame, type_id: int, plan: LinkPlan) -> pl.DataFrame:
+    keys = pl.DataFrame(
+        [(m, key) for (t, m), key in plan.wanted.items() if t == type_id],
+        schema={"metric_id": pl.Int64, "key": pl.String},
+        orient="row",
+    )
+    device = plan.devices.get(type_id & 0xFF, type_id & 0xFF)
+    wide = (
+        part.join(keys, on="metric_id", how="inner")
+        .group_by("time", "key")
+        .agg(pl.col("value").sum())
+        .pivot(on="key", index="time", values="value")
+    )
+    return wide.with_columns(
+        pl.lit(device, dtype=pl.Int32).alias("device"), *(pl.col(k).clip(0, 100) for k in wide.columns if k != "time")
+    )
 
 
 def _select_counters(

@@ -212,7 +212,8 @@ class SlicedNsys:
                 processes=reader.processes(),
                 strings=reader.all_strings(self._strings),
             )
-            reader.add_link_samples(capture)  # small: a few columns per sample, read whole
+            # Read on a thread beside the op slices (the first pass), waited for when needed.
+            reader.add_link_samples(capture, background=True)
             info.notes.extend(reader.text_notes())  # the GPU tables hold no text
             return capture
 

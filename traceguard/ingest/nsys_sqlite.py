@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,10 @@ def read_errors(shown: str) -> Iterator[None]:
         ) from exc
 
 
+#: The thread that reads GPU metrics samples beside a sliced read's op slices.
+_LINK_READS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceguard-links")
+
+
 class _Reader:
     """One read of one file: the sqlite3 connection for small tables, the C reader (or ADBC)
     for event tables' integers, ADBC for their text."""
@@ -399,9 +404,18 @@ class _Reader:
         info.notes.extend(self.text_notes())
         return capture
 
-    def add_link_samples(self, capture: model.Capture) -> None:
-        """The capture's nsys GPU metrics (traceguard.ingest.gpu_metrics), or why it has none."""
-        samples, info, reason = gpu_metrics.read_link_samples(self, self.gpu_devices)
+    def add_link_samples(self, capture: model.Capture, *, background: bool = False) -> None:
+        """The capture's nsys GPU metrics (traceguard.ingest.gpu_metrics), or why it has none.
+        ``background``: the samples are read on another thread (``capture.pending_links``) when
+        the C reader can (its own connection; it lets go of the GIL while SQLite scans)."""
+        plan = gpu_metrics.plan_link_read(self, self.gpu_devices)
+        if isinstance(plan, str):
+            capture.info.gpu_metrics_reason = plan
+            return
+        if background and _int_scan is not None:
+            capture.pending_links = _LINK_READS.submit(gpu_metrics.load_link_samples, plan, self.bulk)
+            return
+        samples, info, reason = gpu_metrics.load_link_samples(plan, self.bulk)
         capture.link_samples = samples
         capture.info.gpu_metrics = info
         capture.info.gpu_metrics_reason = reason or None

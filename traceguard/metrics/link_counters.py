@@ -96,6 +96,7 @@ def rank_device_samples(
 ) -> tuple[pl.DataFrame, int | None, str | None]:
     """The capture's samples of the rank's GPU (the first device its window's work ran on that was
     sampled), sorted by time; that device; or why there are none."""
+    capture.resolve_links()
     samples = capture.link_samples
     info = capture.info
     if samples.height == 0:

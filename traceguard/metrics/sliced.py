@@ -427,6 +427,7 @@ def _finish(
     # -- pass 2 ------------------------------------------------------------------------------
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
+    capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
     samples = capture.link_samples
     for (device,), own in samples.group_by("device") if samples.height else ():
         two.link_marks[int(device)] = IntervalMarks(own.sort("time")["time"].to_numpy())  # type: ignore[arg-type]
