@@ -586,6 +586,9 @@ def _normalize(events: list[_Event], top: _Trace, shown: str) -> Capture:
     info = _info(top, shown, gpu.height > 0, api.height > 0)
     if n_events == 0:
         info.notes.append("the trace holds no events")
+    info.gpu_metrics_reason = (
+        "torch.profiler traces carry no link counters (capture with nsys `--gpu-metrics-devices` for them)"
+    )
     return Capture(
         info=info,
         gpu_ops=model.conform(gpu, model.GPU_OPS_SCHEMA),
