@@ -6,7 +6,8 @@
 #   links_slow: the same P2P run with --slow-rank 1:30 (rank 1's host sleeps 30 ms per step);
 #   insp_{clean,slow,shm}_default, insp_{clean,slow}_verbose: no profiler, the Inspector alone, 25 MB buckets (tens of
 #     AllReduces per step), clean, --slow-rank 1:30 and SHM, default and verbose dumps;
-#   insp_prom: the Inspector's Prometheus textfile form (NCCL_INSPECTOR_PROM_DUMP=1).
+#   insp_prom: the Inspector's Prometheus textfile form (NCCL_INSPECTOR_PROM_DUMP=1), copied while the
+#     job runs (the plugin deletes it at exit), with --slow-rank 1:30.
 # Needs, in $WORK (default .gpuwork/): the libdw/libelf .debs and nccl-inspector-src.tar.gz from
 # ../shared/device. usage (repository root): OUT=/some/dir bash bench/gpu/links_inspector_h100.sh
 set -u
@@ -67,7 +68,22 @@ want insp_slow_default && harness insp_slow_default $QUICK --slow-rank 1:30 "${I
 want insp_shm_default && harness insp_shm_default $QUICK --no-p2p "${INSP[@]}"
 want insp_clean_verbose && harness insp_clean_verbose $QUICK "${INSP[@]}" --nccl-inspector-verbose
 want insp_slow_verbose && harness insp_slow_verbose $QUICK --slow-rank 1:30 "${INSP[@]}" --nccl-inspector-verbose
-want insp_prom && harness insp_prom $QUICK "${INSP[@]}" --env NCCL_INSPECTOR_PROM_DUMP=1
+# Prometheus form: the plugin rewrites nccl_inspector_metrics_<GPU UUID>.prom at most every 30 s
+# and DELETES it at teardown, so a job needs > 30 s and the files are copied while it runs (every
+# 3 s, into insp_prom/snap/, suffix _tNNN = seconds since the start), as a node exporter scrapes them.
+if want insp_prom; then
+  mkdir -p "$W/insp_prom_snap"; rm -f "$W/prom.done"
+  (harness insp_prom --capture none --warmup 3 --timed 150 --repeats 3 --steps 3 --slow-rank 1:30 "${INSP[@]}" \
+     --env NCCL_INSPECTOR_PROM_DUMP=1; touch "$W/prom.done") &
+  i=0
+  while [ ! -e "$W/prom.done" ]; do
+    sleep 3; i=$((i + 1))
+    for f in "$W"/insp_prom/inspector/*.prom; do
+      [ -e "$f" ] && cp "$f" "$W/insp_prom_snap/$(basename "$f" .prom)_t$(printf %03d $((i * 3))).prom"
+    done
+  done
+  mv "$W/insp_prom_snap" "$W/insp_prom/snap"
+fi
 
 # At most 8 files of 16 MiB come back: one tar per capture run, the Inspector-only runs together.
 for r in links_p2p links_shm links_slow; do [ -d "$W/$r" ] && tar -C "$W" -cf "$OUTDIR/$r.tar" "$r" "$r.log"; done
