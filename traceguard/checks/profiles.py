@@ -20,7 +20,7 @@ _OPS = (">", ">=", "<", "<=")
 
 
 #: Numeric rule parameters a profile may set besides the bounds (hardware facts, not bounds).
-PARAMS = ("peak_busbw_gbps", "rated_pcie_gbps", "expect_gpu", "small_bytes")
+PARAMS = ("peak_busbw_gbps", "rated_pcie_gbps", "expect_gpu", "small_bytes", "inspector_window_s")
 #: Keys that start so are a rule's minimum evidence (``min_steps``, ``min_bytes_per_step``...):
 #: below the floor the rule is ``skip``. Which floors a rule has is the rule's own declaration
 #: (``traceguard.checks.rules``); ``validate_profile`` rejects the rest.
