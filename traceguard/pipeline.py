@@ -104,7 +104,8 @@ def analyze(
     )
     specs = _captures(inputs, found_in)
     if not specs and not has_side:
-        raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
+        why = "; ".join(side.errors) or "give capture files, a run directory, or side inputs"
+        raise NoUsableInputError(f"no usable input: {why}")
     say(f"analysing {len(specs)} input(s)")
     mapped = map_run(specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks)
     if specs and not mapped.results and not has_side:

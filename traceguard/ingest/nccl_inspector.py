@@ -41,7 +41,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import polars as pl
 
@@ -198,33 +198,64 @@ def format_major(version: str | None) -> int | None:
 # JSON lines
 
 
-def _open(path: Path) -> IO[bytes]:
+def _raw_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """The file's bytes, gunzipped when gzip (every member), a piece at a time. A gzip stream
+    without its end (the writer's gzip still open) yields what it holds, then raises _Truncated."""
     with path.open("rb") as fh:
-        magic = fh.read(2)
-    return gzip.open(path, "rb") if magic == GZIP_MAGIC else path.open("rb")
+        if fh.read(2) != GZIP_MAGIC:
+            fh.seek(0)
+            while chunk := fh.read(size):
+                yield chunk
+            return
+        fh.seek(0)
+        inflate = zlib.decompressobj(wbits=31)
+        while packed := fh.read(1 << 20):
+            try:
+                yield inflate.decompress(packed)
+                while inflate.eof and inflate.unused_data:  # concatenated gzip members
+                    rest = inflate.unused_data
+                    inflate = zlib.decompressobj(wbits=31)
+                    yield inflate.decompress(rest)
+            except zlib.error as exc:
+                raise _Truncated(f"corrupt gzip data: {exc}") from exc
+        if not inflate.eof:
+            raise _Truncated("the gzip stream has no end")
 
 
 def iter_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, bool]]:
     """The file's text in blocks of whole lines; the last item may be ``(tail, True)``: the bytes
     after the last newline (a line still being written, or the last line without its newline)."""
     carry = b""
+    pending: list[bytes] = []
+    held = 0
     try:
-        with _open(path) as fh:
-            while chunk := fh.read(block_bytes):
-                data = carry + chunk
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    carry = data
-                    continue
-                carry = data[cut + 1 :]
-                yield data[: cut + 1], False
-    except (OSError, EOFError, zlib.error) as exc:
-        # A gzip stream still being written ends without its trailer: what came before is kept.
-        if carry.strip():
-            yield carry, True
-        raise _Truncated(str(exc)) from exc
-    if carry.strip():
-        yield carry, True
+        for chunk in _raw_chunks(path, block_bytes):
+            pending.append(chunk)
+            held += len(chunk)
+            if held < block_bytes:
+                continue
+            data = carry + b"".join(pending)
+            pending, held = [], 0
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            carry = data[cut + 1 :]
+            yield data[: cut + 1], False
+    except _Truncated:
+        data = carry + b"".join(pending)
+        cut = data.rfind(b"\n")
+        if cut >= 0:
+            yield data[: cut + 1], False
+        if data[cut + 1 :].strip():
+            yield data[cut + 1 :], True
+        raise
+    data = carry + b"".join(pending)
+    cut = data.rfind(b"\n")
+    if cut >= 0:
+        yield data[: cut + 1], False
+    if data[cut + 1 :].strip():
+        yield data[cut + 1 :], True
 
 
 class _Truncated(Exception):
@@ -353,7 +384,8 @@ def read_inspector_json(
         raise InputError(f"{shown}: no such file") from exc
     except OSError as exc:
         raise InputError(f"{shown}: cannot be read ({exc.strerror})") from exc
-    ops = pl.concat(parts, how="vertical") if parts else empty_ops()
+    # The blocks' frames as chunks of one frame (no copy: a copy would double the peak).
+    ops = pl.concat(parts, how="vertical", rechunk=False) if parts else empty_ops()
     if record.bad_lines:
         record.warnings.append(f"{shown}: {record.bad_lines} line(s) are not Inspector JSON and were skipped")
     if ops.height == 0:
@@ -499,7 +531,7 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
             files.append(InspectorFile(path=str(path), kind="json", error=str(exc)))
             continue
         files.append(record)
-    every = pl.concat(ops, how="vertical") if ops else empty_ops()
+    every = pl.concat(ops, how="vertical", rechunk=False) if ops else empty_ops()
     ranks = process_ranks(every)
     data = InspectorData(
         ops=every,

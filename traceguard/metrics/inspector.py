@@ -98,8 +98,8 @@ def _hex(comm: int | None) -> str | None:
 
 def with_ranks(data: InspectorData) -> pl.DataFrame:
     """The operations with the process's run ``rank`` (traceguard.ingest.nccl_inspector.process_ranks)."""
-    ranks = data.ranks.select("host", "pid", "rank")
-    return data.ops.with_columns(pl.col("host").cast(pl.String)).join(ranks, on=["host", "pid"], how="left")
+    ranks = data.ranks.select(pl.col("host").cast(pl.Categorical), "pid", "rank")
+    return data.ops.join(ranks, on=["host", "pid"], how="left")
 
 
 def analyse_inspector(
@@ -143,16 +143,49 @@ def analyse_inspector(
         _utilization(result, None, peak_busbw_gbps)
         return result
     keys = ["comm_id", "coll", "coll_sn"]
-    instances = colls.group_by(keys).agg(
-        pl.len().alias("_lines"), pl.col("comm_rank").n_unique().alias("_members"), pl.col("n_ranks").max()
+    verbose = colls["start_us"].null_count() == 0
+    result.arrival_source = "kernel start (verbose)" if verbose else "shortest execution time"
+    result.window_time = "first kernel start" if verbose else "dump timestamp"
+    # Arrival: the first kernel start (ns), or relative to a common end: −execution time.
+    colls = colls.select(
+        *keys,
+        "rank",
+        "comm_rank",
+        "n_ranks",
+        "exec_ns",
+        "msg_bytes",
+        "busbw_gbps",
+        ((pl.col("start_us") * 1000) if verbose else -pl.col("exec_ns")).alias("arrival"),
+        pl.col("start_us" if verbose else "dump_us").alias("at_us"),
     )
-    complete = instances.filter(
-        (pl.col("_lines") == pl.col("n_ranks")) & (pl.col("_members") == pl.col("n_ranks")) & (pl.col("n_ranks") > 1)
-    ).select(keys)
+    # One pass over the lines for every per-instance figure (one group-by, not a window per figure).
+    instances = colls.group_by(keys).agg(
+        pl.len().alias("_lines"),
+        pl.col("comm_rank").n_unique().alias("_members"),
+        pl.col("n_ranks").max(),
+        pl.col("exec_ns").min().alias("transfer_ns"),
+        pl.col("exec_ns").sum().alias("exec_sum_ns"),
+        pl.col("msg_bytes").max(),
+        pl.col("busbw_gbps").max().alias("busbw_transfer_gbps"),
+        pl.col("arrival").min().alias("first_arrival"),
+        pl.col("arrival").max().alias("last_arrival"),
+        pl.col("rank").sort_by(["arrival", "rank"]).last().alias("last_rank"),
+        pl.col("at_us").min(),
+    )
+    complete = (pl.col("_lines") == pl.col("n_ranks")) & (pl.col("_members") == pl.col("n_ranks"))
     singles = instances.filter(pl.col("n_ranks") <= 1).height
-    m["collective_instances_matched"] = complete.height
-    m["collective_instances_unmatched"] = instances.height - complete.height - singles
-    if complete.height == 0:
+    tolerance = pl.max_horizontal(pl.lit(TOGETHER_NS), (pl.col("transfer_ns") * TOGETHER_SHARE).cast(pl.Int64))
+    matched = (
+        instances.filter(complete & (pl.col("n_ranks") > 1))
+        .drop("_lines", "_members")
+        .with_columns(
+            (pl.col("last_arrival") - pl.col("first_arrival") > tolerance).alias("has_last"),
+            ((pl.col("at_us") // (window_s * 1_000_000)) * window_s).alias("window_start_s"),
+        )
+    )
+    m["collective_instances_matched"] = matched.height
+    m["collective_instances_unmatched"] = instances.height - matched.height - singles
+    if matched.height == 0:
         _null(
             result,
             f"no collective was found on all of its ranks ({instances.height} instances by communicator "
@@ -164,31 +197,23 @@ def analyse_inspector(
         null.pop("collective_instances_unmatched", None)
         _utilization(result, None, peak_busbw_gbps)
         return result
-    matched = colls.join(complete, on=keys, how="semi")
-    verbose = matched["start_us"].null_count() == 0
-    result.arrival_source = "kernel start (verbose)" if verbose else "shortest execution time"
-    result.window_time = "first kernel start" if verbose else "dump timestamp"
-    arrival = (pl.col("start_us") * 1000) if verbose else -pl.col("exec_ns")  # relative: a common end
-    calls = matched.with_columns(
-        pl.col("exec_ns").min().over(keys).alias("transfer_ns"),
-        arrival.alias("_arrival"),
-        (pl.col("busbw_gbps").max().over(keys)).alias("busbw_transfer_gbps"),
-        (pl.col("start_us").min().over(keys) if verbose else pl.col("dump_us").min().over(keys)).alias("_at_us"),
-    ).with_columns(
-        (pl.col("exec_ns") - pl.col("transfer_ns")).alias("wait_ns"),
-        (pl.col("_arrival") - pl.col("_arrival").min().over(keys)).alias("lateness_ns"),
+    calls = (
+        colls.select(*keys, "rank", "exec_ns", "arrival")
+        .join(matched.select(*keys, "transfer_ns", "first_arrival", "last_rank", "has_last"), on=keys, how="inner")
+        .select(
+            "rank",
+            "exec_ns",
+            "transfer_ns",
+            (pl.col("exec_ns") - pl.col("transfer_ns")).alias("wait_ns"),
+            (pl.col("arrival") - pl.col("first_arrival")).alias("lateness_ns"),
+            (pl.col("has_last") & (pl.col("last_rank") == pl.col("rank"))).alias("last_arrival"),
+        )
     )
-    tolerance = pl.max_horizontal(pl.lit(TOGETHER_NS), (pl.col("transfer_ns") * TOGETHER_SHARE).cast(pl.Int64))
-    calls = calls.with_columns(
-        (pl.col("lateness_ns").max().over(keys) > tolerance).alias("_spread"),
-        pl.col("rank").sort_by(["lateness_ns", "rank"]).last().over(keys).alias("_last"),
-        ((pl.col("_at_us") // (window_s * 1_000_000)) * window_s).alias("window_start_s"),
-    ).with_columns((pl.col("_spread") & (pl.col("_last") == pl.col("rank"))).alias("last_arrival"))
-    _split(result, calls)
-    _windows(result, calls, keys)
-    _transfer_table(result, calls)
-    _late(result, calls, data)
-    _utilization(result, calls, peak_busbw_gbps)
+    _split(result, calls, data)
+    _windows(result, matched)
+    _transfer_table(result, matched, colls)
+    _late(result, matched)
+    _utilization(result, matched, peak_busbw_gbps)
     null["exposed_wait_share"] = (
         "NCCL Inspector logs hold only NCCL's operations, not the compute beside them: whether the waiting "
         "cost step time is unknown"
@@ -200,8 +225,13 @@ def _by_type(ops: pl.DataFrame) -> list[dict[str, Any]]:
     if ops.height == 0:
         return []
     table = (
-        ops.group_by("rank", "host", "pid", "comm_id", "comm_name", "comm_rank", "n_ranks", "coll", "p2p")
+        ops.group_by("rank", "comm_id", "coll", "p2p")
         .agg(
+            pl.col("host").first(),
+            pl.col("pid").first(),
+            pl.col("comm_name").first(),
+            pl.col("comm_rank").first(),
+            pl.col("n_ranks").first(),
             pl.len().alias("count"),
             pl.col("msg_bytes").sum().alias("bytes"),
             pl.col("exec_ns").sum().alias("exec_ns"),
@@ -220,9 +250,10 @@ def _by_type(ops: pl.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _split(result: InspectorResult, calls: pl.DataFrame) -> None:
+def _split(result: InspectorResult, calls: pl.DataFrame, data: InspectorData) -> None:
     m = result.metrics
-    per_rank = calls.group_by("rank", "host", "pid").agg(
+    who = {int(r): (str(h), int(p)) for h, p, r in data.ranks.select("host", "pid", "rank").iter_rows()}
+    per_rank = calls.group_by("rank").agg(
         pl.col("wait_ns").sum(),
         pl.col("transfer_ns").sum(),
         pl.col("exec_ns").sum(),
@@ -233,11 +264,12 @@ def _split(result: InspectorResult, calls: pl.DataFrame) -> None:
     )
     rows = []
     for row in per_rank.sort("rank").iter_rows(named=True):
+        host, pid = who.get(row["rank"], (None, None))
         rows.append(
             {
                 "rank": row["rank"],
-                "host": str(row["host"]),
-                "pid": row["pid"],
+                "host": host,
+                "pid": pid,
                 "collective_instances_matched": row["matched"],
                 "nccl_wait_ns": int(row["wait_ns"]),
                 "nccl_transfer_ns": int(row["transfer_ns"]),
@@ -251,8 +283,8 @@ def _split(result: InspectorResult, calls: pl.DataFrame) -> None:
             }
         )
     result.per_rank = rows
-    wait = int(calls["wait_ns"].sum())
-    transfer = int(calls["transfer_ns"].sum())
+    wait = sum(r["nccl_wait_ns"] for r in rows)
+    transfer = sum(r["nccl_transfer_ns"] for r in rows)
     m["nccl_wait_ns"] = wait
     m["nccl_transfer_ns"] = transfer
     m["nccl_wait_share"] = wait / (wait + transfer) if wait + transfer else None
@@ -260,17 +292,17 @@ def _split(result: InspectorResult, calls: pl.DataFrame) -> None:
         result.null_reasons["nccl_wait_share"] = "the matched collectives took no execution time"
 
 
-def _windows(result: InspectorResult, calls: pl.DataFrame, keys: list[str]) -> None:
+def _windows(result: InspectorResult, matched: pl.DataFrame) -> None:
     table = (
-        calls.group_by("window_start_s")
+        matched.group_by("window_start_s")
         .agg(
-            pl.struct(keys).n_unique().alias("instances"),
-            pl.col("wait_ns").sum(),
-            pl.col("transfer_ns").sum(),
-            pl.col("exec_ns").sum(),
-            pl.col("msg_bytes").sum().alias("bytes"),
-            pl.col("rank").filter(pl.col("last_arrival")).mode().min().alias("late_rank"),
-            pl.col("last_arrival").sum().alias("last_arrivals"),
+            pl.len().alias("instances"),
+            (pl.col("exec_sum_ns") - pl.col("n_ranks") * pl.col("transfer_ns")).sum().alias("wait_ns"),
+            (pl.col("n_ranks") * pl.col("transfer_ns")).sum().alias("transfer_ns"),
+            pl.col("exec_sum_ns").sum().alias("exec_ns"),
+            (pl.col("n_ranks") * pl.col("msg_bytes")).sum().alias("bytes"),
+            pl.col("last_rank").filter(pl.col("has_last")).mode().min().alias("late_rank"),
+            pl.col("has_last").sum().alias("last_arrivals"),
             pl.col("busbw_transfer_gbps").median().alias("busbw_transfer_median_gbps"),
         )
         .sort("window_start_s")
@@ -280,10 +312,9 @@ def _windows(result: InspectorResult, calls: pl.DataFrame, keys: list[str]) -> N
     result.metrics["matched_steps"] = table.height
 
 
-def _transfer_table(result: InspectorResult, calls: pl.DataFrame) -> None:
-    first = calls.filter(pl.col("exec_ns") == pl.col("transfer_ns")).unique(["comm_id", "coll", "coll_sn"])
+def _transfer_table(result: InspectorResult, matched: pl.DataFrame, colls: pl.DataFrame) -> None:
     table = (
-        first.group_by("comm_id", "coll", "n_ranks", "msg_bytes")
+        matched.group_by("comm_id", "coll", "n_ranks", "msg_bytes")
         .agg(
             pl.len().alias("instances"),
             pl.col("transfer_ns").median().alias("transfer_median_ns"),
@@ -292,10 +323,11 @@ def _transfer_table(result: InspectorResult, calls: pl.DataFrame) -> None:
             pl.col("busbw_transfer_gbps").quantile(0.05, "nearest").alias("busbw_transfer_p5_gbps"),
         )
         .join(
-            calls.group_by("comm_id", "coll", "msg_bytes").agg(
+            colls.group_by("comm_id", "coll", "msg_bytes").agg(
                 pl.col("busbw_gbps").median().alias("busbw_reported_median_gbps")
             ),
             on=["comm_id", "coll", "msg_bytes"],
+            how="left",
         )
         .sort("comm_id", "coll", "msg_bytes")
         .with_columns(pl.col("coll").cast(pl.String))
@@ -306,7 +338,7 @@ def _transfer_table(result: InspectorResult, calls: pl.DataFrame) -> None:
     result.transfer = rows
 
 
-def _late(result: InspectorResult, calls: pl.DataFrame, data: InspectorData) -> None:
+def _late(result: InspectorResult, matched: pl.DataFrame) -> None:
     m, null = result.metrics, result.null_reasons
     counts = {row["rank"]: row["last_arrivals"]["count"] for row in result.per_rank}
     top = max(counts.values(), default=0)
@@ -320,7 +352,7 @@ def _late(result: InspectorResult, calls: pl.DataFrame, data: InspectorData) -> 
     late = min(r for r, n in counts.items() if n == top)
     m["late_rank"] = late
     row = next(r for r in result.per_rank if r["rank"] == late)
-    with_last = int(calls.filter(pl.col("last_arrival"))["coll_sn"].len())
+    with_last = int(matched["has_last"].sum())
     result.late = {
         "rank": late,
         "host": row["host"],
@@ -335,22 +367,22 @@ def _late(result: InspectorResult, calls: pl.DataFrame, data: InspectorData) -> 
     }
 
 
-def _utilization(result: InspectorResult, calls: pl.DataFrame | None, peak_gbps: float | None) -> None:
+def _utilization(result: InspectorResult, matched: pl.DataFrame | None, peak_gbps: float | None) -> None:
     """p2p_utilization from production traffic: the bus bandwidth on transfer time (median over the
     instances) of the largest all-reduce, or of the largest collective of any type when there is no
     all-reduce (FSDP: all-gather / reduce-scatter), ÷ the expected peak."""
     m, null = result.metrics, result.null_reasons
     for key in ("p2p_utilization", "allreduce_largest_bytes", "allreduce_peak_busbw_gbps"):
         m[key] = None
-    if calls is None or calls.height == 0:
+    if matched is None or matched.height == 0:
         for key in ("p2p_utilization", "allreduce_largest_bytes", "allreduce_peak_busbw_gbps"):
             null[key] = "no collective of the Inspector logs was matched on all of its ranks"
         return
-    pool = calls.filter(pl.col("coll") == _ALLREDUCE)
+    pool = matched.filter(pl.col("coll") == _ALLREDUCE)
     if pool.height == 0:
-        pool = calls
+        pool = matched
     largest = int(pool["msg_bytes"].max())  # type: ignore[arg-type]
-    rows = pool.filter(pl.col("msg_bytes") == largest).unique(["comm_id", "coll", "coll_sn"])
+    rows = pool.filter(pl.col("msg_bytes") == largest)
     busbw = float(rows["busbw_transfer_gbps"].median())  # type: ignore[arg-type]
     coll = str(rows["coll"].cast(pl.String).mode().sort()[0])
     m["allreduce_largest_bytes"] = largest
