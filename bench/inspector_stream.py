@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -47,7 +48,9 @@ def peak_mb():
             return int(line.split()[1]) / 1024
 """
 
-TRACEGUARD = PEAK + """
+TRACEGUARD = (
+    PEAK
+    + """
 import sys, time
 from pathlib import Path
 from traceguard.ingest.nccl_inspector import read_inspector
@@ -56,6 +59,7 @@ paths = [Path(p) for p in sys.argv[1:]]
 t0 = time.perf_counter()
 data = read_inspector(paths)
 t1 = time.perf_counter()
+read_peak = peak_mb()
 result = analyse_inspector(data)
 t2 = time.perf_counter()
 import json
@@ -63,10 +67,13 @@ print(json.dumps({"lines": data.ops.height, "read_s": t1 - t0, "analyse_s": t2 -
                   "rows_bytes": data.ops.estimated_size(),
                   "matched": result.metrics["collective_instances_matched"],
                   "late_rank": result.metrics["late_rank"], "wait_share": result.metrics["nccl_wait_share"],
-                  "peak_rss_mb": peak_mb()}))
+                  "peak_rss_after_read_mb": read_peak, "peak_rss_mb": peak_mb()}))
 """
+)
 
-JSON_LOADS = PEAK + """
+JSON_LOADS = (
+    PEAK
+    + """
 import json, sys, time
 t0 = time.perf_counter()
 lines = 0
@@ -81,6 +88,7 @@ t1 = time.perf_counter()
 print(json.dumps({"lines": lines, "read_s": t1 - t0, "exec_us": total,
                   "peak_rss_mb": peak_mb()}))
 """
+)
 
 
 def scaled_copy(template: Path, out: Path, lines: int, batch: int = 400) -> None:
@@ -153,6 +161,7 @@ def main() -> None:
             scaled_copy(FIXTURES / f"fsdp2_p2p_rank{rank}.log.gz", path, args.lines // 2)
             paths.append(path)
         made = time.perf_counter() - t0
+        os.sync()  # the copy's write-back must not run during the measurements
         size = sum(p.stat().st_size for p in paths)
         print(f"scaled copy: {args.lines:,} lines, {size / 1e9:.2f} GB in {made:.1f} s", flush=True)
         ours = _child(TRACEGUARD, paths)

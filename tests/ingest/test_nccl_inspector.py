@@ -172,3 +172,60 @@ def test_prometheus_textfile_in_the_plugins_format(tmp_path: Path) -> None:
     assert classify(path).kind == "nccl_inspector"
     data = read_inspector([path])
     assert data.prom.height == 2 and data.ops.height == 0 and data.files[0].version == "v5.1"
+
+
+#: The plugin README's verbose example (NVIDIA's, ../shared/device/nccl-inspector-src.tar.gz), written
+#: on one line as the plugin writes it. No verbose dump is in the fixtures yet.
+VERBOSE_FROM_PLUGIN_README = {
+    "header": {"id": "0xe62dedaa97644a", "rank": 4, "n_ranks": 8, "nnodes": 1},
+    "metadata": {
+        "inspector_output_format_version": "v4.0",
+        "git_rev": "9019a1912-dirty",
+        "rec_mechanism": "nccl_profiler_interface",
+        "dump_timestamp_us": 1752867229276385,
+        "hostname": "example-hostname",
+        "pid": 438776,
+    },
+    "coll_perf": {
+        "coll": "ReduceScatter",
+        "coll_sn": 1231,
+        "coll_msg_size_bytes": 2147483648,
+        "coll_exec_time_us": 41057,
+        "coll_timing_source": "kernel_gpu",
+        "coll_algobw_gbs": 418.439467,
+        "coll_busbw_gbs": 366.134533,
+        "event_trace_sn": {
+            "coll_start_sn": 1,
+            "coll_stop_sn": 2,
+            "kernel_events": [{"channel_id": 0, "kernel_start_sn": 3, "kernel_stop_sn": 48, "kernel_record_sn": 47}],
+        },
+        "event_trace_ts": {
+            "coll_start_ts": 1752867229235059,
+            "coll_stop_ts": 1752867229235064,
+            "kernel_events": [
+                {
+                    "channel_id": 0,
+                    "kernel_start_ts": 1752867229235181,
+                    "kernel_stop_ts": 1752867229275811,
+                    "kernel_record_ts": 1752867229275811,
+                }
+            ],
+        },
+    },
+}
+
+
+def test_verbose_line_in_the_plugins_readme_format(tmp_path: Path) -> None:
+    path = tmp_path / "example-hostname-pid438776.log"
+    path.write_text(json.dumps(VERBOSE_FROM_PLUGIN_README, separators=(",", ":")) + "\n")
+    record, ops = read_inspector_json(path)
+    row = ops.row(0, named=True)
+    trace = VERBOSE_FROM_PLUGIN_README["coll_perf"]["event_trace_ts"]["kernel_events"]
+    assert record.verbose
+    assert (row["start_us"], row["stop_us"], row["channels"]) == (
+        min(k["kernel_start_ts"] for k in trace),
+        max(k["kernel_stop_ts"] for k in trace),
+        len(trace),
+    )
+    assert (row["comm_rank"], row["n_ranks"], row["exec_ns"]) == (4, 8, 41_057_000)
+    assert row["comm_name"] is None  # older lines have no comm_name

@@ -129,6 +129,8 @@ class InspectorFile:
     partial_tail_bytes: int = 0  # a last line without newline that did not parse: still being written
     bad_lines: int = 0
     processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid)
+    #: Per (host, pid, comm_id): n_ranks and the process's comm_rank (a few rows: what ranks need).
+    comms: pl.DataFrame | None = None
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -281,8 +283,9 @@ def _reduce(frame: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.col("coll_perf").struct.field("event_trace_ts").struct.field("kernel_events"))
     )
     # A channel that never started reports 0: only real timestamps count.
-    starts = events.list.eval(pl.element().struct.field("kernel_start_ts").filter(pl.element() > 0))
-    stops = events.list.eval(pl.element().struct.field("kernel_stop_ts").filter(pl.element() > 0))
+    positive = pl.element().filter(pl.element() > 0)
+    starts = events.list.eval(pl.element().struct.field("kernel_start_ts")).list.eval(positive)
+    stops = events.list.eval(pl.element().struct.field("kernel_stop_ts")).list.eval(positive)
     return frame.select(
         meta.struct.field("hostname").alias("host"),
         meta.struct.field("pid").alias("pid"),
@@ -362,6 +365,7 @@ def read_inspector_json(
     shown = shown or str(path)
     record = InspectorFile(path=shown, kind="json")
     parts: list[pl.DataFrame] = []
+    comms: list[pl.DataFrame] = []
     try:
         for block, is_tail in iter_blocks(path, block_bytes):
             if is_tail:
@@ -378,6 +382,7 @@ def read_inspector_json(
             if rows.height:
                 _check_version(rows, shown, record)
                 parts.append(rows.drop("_version"))
+                comms.append(_comms(rows))
     except _Truncated as exc:
         record.warnings.append(f"{shown}: the gzip stream ends early ({exc}): read up to where it stops")
     except FileNotFoundError as exc:
@@ -392,7 +397,10 @@ def read_inspector_json(
         raise InputError(f"{shown}: no NCCL Inspector line could be read")
     record.lines = ops.height
     record.verbose = bool(ops["channels"].is_not_null().any())
-    record.processes = [(str(h), int(p)) for h, p in ops.select("host", "pid").unique(maintain_order=True).iter_rows()]
+    record.comms = _comms(pl.concat(comms))
+    record.processes = [
+        (str(h), int(p)) for h, p in record.comms.select("host", "pid").unique(maintain_order=True).iter_rows()
+    ]
     return record, ops
 
 
@@ -487,17 +495,23 @@ def read_prom(path: Path, *, shown: str | None = None) -> tuple[InspectorFile, p
 # a run's files
 
 
-def process_ranks(ops: pl.DataFrame) -> pl.DataFrame:
-    """(host, pid) → ``rank``: the process's rank in its largest communicator (the world group:
-    every process of the job is in it, and its ranks are the job's ranks), ``rank_comm`` that
-    communicator's id, and ``rank_source`` "largest communicator". Processes whose largest
-    communicators differ, or that claim one rank twice, keep their ranks with a warning (the
-    caller reports it)."""
-    if ops.height == 0:
+def _comms(rows: pl.DataFrame) -> pl.DataFrame:
+    """The communicators of some rows: per (host, pid, comm_id) its size and the process's rank in it."""
+    return rows.group_by("host", "pid", "comm_id", maintain_order=True).agg(
+        pl.col("n_ranks").max(), pl.col("comm_rank").first()
+    )
+
+
+def process_ranks(comms: pl.DataFrame) -> pl.DataFrame:
+    """From the files' communicators (:func:`_comms`): (host, pid) → ``rank``, the process's rank
+    in its largest communicator (the world group: every process of the job is in it, and its
+    ranks are the job's ranks), ``rank_comm`` that communicator's id and its ``n_ranks``. Two
+    processes claiming one rank keep it; :func:`read_inspector` warns."""
+    if comms.height == 0:
         return pl.DataFrame(
             schema={"host": pl.String, "pid": pl.Int64, "rank": pl.Int32, "rank_comm": pl.UInt64, "n_ranks": pl.Int32}
         )
-    comms = ops.group_by("host", "pid", "comm_id").agg(pl.col("n_ranks").max(), pl.col("comm_rank").first())
+    comms = _comms(comms)
     return (
         comms.sort(["n_ranks", "comm_id"], descending=[True, False])
         .group_by("host", "pid", maintain_order=True)
@@ -532,7 +546,8 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
             continue
         files.append(record)
     every = pl.concat(ops, how="vertical", rechunk=False) if ops else empty_ops()
-    ranks = process_ranks(every)
+    known = [f.comms for f in files if f.comms is not None]
+    ranks = process_ranks(pl.concat(known) if known else _comms(empty_ops()))
     data = InspectorData(
         ops=every,
         prom=pl.concat(proms, how="vertical") if proms else pl.DataFrame(schema=PROM_SCHEMA),

@@ -99,7 +99,10 @@ def _hex(comm: int | None) -> str | None:
 def with_ranks(data: InspectorData) -> pl.DataFrame:
     """The operations with the process's run ``rank`` (traceguard.ingest.nccl_inspector.process_ranks)."""
     ranks = data.ranks.select(pl.col("host").cast(pl.Categorical), "pid", "rank")
-    return data.ops.join(ranks, on=["host", "pid"], how="left")
+    # Join only the key columns and add the result as a column: joining the whole frame would copy
+    # every column of every line.
+    rank = data.ops.select("host", "pid").join(ranks, on=["host", "pid"], how="left", maintain_order="left")["rank"]
+    return data.ops.with_columns(rank)
 
 
 def analyse_inspector(
@@ -132,7 +135,7 @@ def analyse_inspector(
             "instance is matched across ranks and no wait is split off"
         )
     result.by_type = _by_type(ops)
-    colls = ops.filter(~pl.col("p2p"))
+    colls = ops.filter(~pl.col("p2p")) if ops["p2p"].any() else ops  # no copy when all are collectives
     if ops.height and colls.height < ops.height:
         result.notes.append(
             f"{ops.height - colls.height} point-to-point operation(s) are counted per rank but not matched "
@@ -169,7 +172,7 @@ def analyse_inspector(
         pl.col("busbw_gbps").max().alias("busbw_transfer_gbps"),
         pl.col("arrival").min().alias("first_arrival"),
         pl.col("arrival").max().alias("last_arrival"),
-        pl.col("rank").sort_by(["arrival", "rank"]).last().alias("last_rank"),
+        pl.col("rank").get(pl.col("arrival").arg_max()).alias("last_rank"),  # ties: has_last is false
         pl.col("at_us").min(),
     )
     complete = (pl.col("_lines") == pl.col("n_ranks")) & (pl.col("_members") == pl.col("n_ranks"))
