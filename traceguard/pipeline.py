@@ -175,7 +175,10 @@ def merge_inspector(result: RunResult, *, peak_from: str) -> None:
     m, null = result.metrics, result.null_reasons
     took = False
     if m.get("nccl_wait_share") is None and inspector.metrics.get("nccl_wait_share") is not None:
+        # Key by key: what the captures did say (a CPU capture's late rank, say) stays theirs.
         for key in INSPECTOR_FILLS:
+            if m.get(key) is not None:
+                continue
             m[key] = inspector.metrics.get(key)
             if m[key] is None:
                 null[key] = inspector.null_reasons.get(key, "not available from the NCCL Inspector logs")

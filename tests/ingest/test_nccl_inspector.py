@@ -229,3 +229,12 @@ def test_verbose_line_in_the_plugins_readme_format(tmp_path: Path) -> None:
     )
     assert (row["comm_rank"], row["n_ranks"], row["exec_ns"]) == (4, 8, 41_057_000)
     assert row["comm_name"] is None  # older lines have no comm_name
+
+
+def test_upload_validation_holds_inspector_logs_to_the_capture_limit(tmp_path: Path) -> None:
+    from traceguard.ingest.uploads import validate
+
+    for path in _files("p2p"):
+        found = classify(path)
+        # A long job's log is far above the side-file limit: it is held to the capture one.
+        validate(path, found, scratch=tmp_path, max_expanded_bytes=1 << 30, max_side_bytes=1024)
