@@ -103,3 +103,11 @@ def test_unknown_format_version_is_reported_not_read(tmp_path: Path) -> None:
     result = _invoke("analyze", folder, "--format", "json")
     assert result.exit_code == 2
     assert "v9.1" in result.output and "v4.x" in result.output
+
+
+def test_every_key_of_an_inspector_report_is_described(tmp_path: Path) -> None:
+    from tests.report.test_waits_report import undescribed
+
+    out = tmp_path / "report.json"
+    assert _invoke("analyze", _inspector_dir(tmp_path, "p2p"), "--out", out).exit_code == 0
+    assert undescribed(_valid(json.loads(out.read_text()))) == set()
