@@ -134,6 +134,12 @@ def test_a_line_that_is_not_json_is_skipped_and_counted(tmp_path: Path) -> None:
     damaged.write_bytes(b"".join(lines[:10]) + b"{not json\n" + b"".join(lines[10:]))
     record, ops = read_inspector_json(damaged)
     assert ops.height == 540 and record.bad_lines == 1
+    # JSON, but a field of another type than the plugin writes: that line alone is left out.
+    odd = tmp_path / "vm-pid1010-odd.log"
+    wrong = lines[20].replace(b'"coll_sn":', b'"coll_sn":"x","was":', 1)
+    odd.write_bytes(b"".join(lines[:20]) + wrong + b"".join(lines[21:]))
+    record, ops = read_inspector_json(odd)
+    assert ops.height == 539 and record.bad_lines == 1
 
 
 def test_recognised_by_content(tmp_path: Path) -> None:

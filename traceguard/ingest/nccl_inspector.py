@@ -161,7 +161,7 @@ def empty_ops() -> pl.DataFrame:
 def looks_like_inspector(head: bytes) -> bool:
     """Content sniffing on a file's first bytes (gunzipped): an Inspector JSON-lines log?"""
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not text.startswith(b'{"header"') and not text.startswith(b"{"):
+    if not text.startswith(b"{"):
         return False
     first = text.split(b"\n", 1)[0]
     return (
@@ -338,7 +338,18 @@ def _parse_block(block: bytes, shown: str, record: InspectorFile) -> pl.DataFram
             record.bad_lines += 1
     if not good:
         return _reduce(pl.DataFrame(schema=LINE_SCHEMA))
-    return _reduce(pl.read_ndjson(io.BytesIO(b"\n".join(good)), schema=LINE_SCHEMA))
+    try:
+        return _reduce(pl.read_ndjson(io.BytesIO(b"\n".join(good)), schema=LINE_SCHEMA))
+    except (pl.exceptions.PolarsError, ValueError):
+        pass
+    # JSON, but of other types than the plugin writes (a damaged file): line by line, the odd ones out.
+    frames = []
+    for line in good:
+        try:
+            frames.append(pl.read_ndjson(io.BytesIO(line), schema=LINE_SCHEMA))
+        except (pl.exceptions.PolarsError, ValueError):
+            record.bad_lines += 1
+    return _reduce(pl.concat(frames) if frames else pl.DataFrame(schema=LINE_SCHEMA))
 
 
 def _check_version(rows: pl.DataFrame, shown: str, record: InspectorFile) -> None:
