@@ -122,7 +122,9 @@ def discover(directory: Path) -> SideFiles:
     if (directory / INSPECTOR_DIR).is_dir():
         paths += sorted((directory / INSPECTOR_DIR).iterdir())
     for path in paths:
-        text_like = path.suffix in (".log", ".txt", ".out", ".gz", ".prom", ".jsonl")
+        # ".prom" anywhere: snapshots of the Inspector's Prometheus file copied as they are rewritten
+        # (nccl_inspector_metrics_<GPU>.prom_t030) are one file each.
+        text_like = path.suffix in (".log", ".txt", ".out", ".gz", ".jsonl") or ".prom" in path.name
         if path.is_file() and text_like and (".json" not in path.name or ".jsonl" in path.name):
             kind = classify(path)
             if kind:

@@ -142,7 +142,14 @@ def analyse_inspector(
             "(their sequence numbers are per rank, not per pair)"
         )
     if data.ranks.height < 2:
-        _null(result, "needs at least two ranks' Inspector logs" if ops.height else "no Inspector JSON lines")
+        _null(
+            result,
+            "needs at least two ranks' Inspector logs"
+            if ops.height
+            else "no Inspector JSON lines (Prometheus textfiles carry no sequence numbers to match)"
+            if data.prom.height
+            else "no Inspector JSON lines",
+        )
         _utilization(result, None, peak_busbw_gbps)
         return result
     keys = ["comm_id", "coll", "coll_sn"]

@@ -151,9 +151,10 @@ def inspector_section(doc: dict[str, Any]) -> list[str]:
     if section["prometheus"]:
         lines += ["", "Prometheus snapshot (means since the previous dump; no sequence numbers, nothing matched):", ""]
         lines += table(
-            ["node", "gpu", "communicator", "type", "size", "algo_proto", "exec mean", "busbw (geo. mean)"],
+            ["file", "node", "gpu", "communicator", "type", "size", "algo_proto", "exec mean", "busbw (geo. mean)"],
             [
                 [
+                    (r.get("path") or "").rsplit("/", 1)[-1],
                     r["node"] or "",
                     r["gpu"] or "",
                     r["comm_name"] or "",
