@@ -111,3 +111,10 @@ def test_every_key_of_an_inspector_report_is_described(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     assert _invoke("analyze", _inspector_dir(tmp_path, "p2p"), "--out", out).exit_code == 0
     assert undescribed(_valid(json.loads(out.read_text()))) == set()
+
+
+def test_html_report_has_the_inspector_section(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    assert _invoke("analyze", _inspector_dir(tmp_path, "p2p"), "--out", out).exit_code == 0
+    page = out.read_text()
+    assert "id='inspector'" in page and "id='inspector-windows'" in page and "Late rank: <b>0</b>" in page

@@ -171,3 +171,63 @@ def inspector_section(doc: dict[str, Any]) -> list[str]:
         lines += ["", f"Note: {note}."]
     lines += ["", "Definitions: docs/inspector.md."]
     return lines
+
+
+def inspector_html(doc: dict[str, Any]) -> str:
+    """HTML: the split per rank, the late rank and the time windows (the trend of a long job)."""
+    import html
+
+    section = doc.get("inspector")
+    if not section:
+        return ""
+    e = html.escape
+    m = section["metrics"]
+    parts = ["<h2 id='inspector'>NCCL Inspector</h2>"]
+    if m.get("nccl_wait_share") is not None:
+        parts.append(
+            f"<p>{m['collective_instances_matched']:,} collective instances matched on all their ranks by "
+            f"communicator id + coll_sn ({m['collective_instances_unmatched']:,} unmatched): "
+            f"<b>{e(pct(m['nccl_wait_share']))}</b> of their time waits for the last rank (transfer = the shortest "
+            f"execution over the ranks). Arrivals from: {e(str(section['arrival_source']))}.</p>"
+        )
+        late = section.get("late_rank")
+        parts.append(
+            f"<p>Late rank: <b>{late['rank']}</b> ({e(str(late['host']))} pid {late['pid']}), last at "
+            f"{late['last_arrivals']} of {late['of']} instances with a last rank.</p>"
+            if late
+            else f"<p>No late rank: {e(m['null_reasons'].get('late_rank', 'none'))}.</p>"
+        )
+        parts.append(
+            "<table id='inspector-ranks'><tr><th>rank</th><th>host</th><th>pid</th><th>wait</th><th>transfer</th>"
+            "<th>wait share</th><th>last to arrive</th></tr>"
+        )
+        for r in section["ranks"]:
+            parts.append(
+                f"<tr><td>{r['rank']}</td><td>{e(str(r['host']))}</td><td>{r['pid']}</td>"
+                f"<td>{ms(r['nccl_wait_ns'])}</td><td>{ms(r['nccl_transfer_ns'])}</td>"
+                f"<td>{pct(r['nccl_wait_share'])}</td>"
+                f"<td>{r['last_arrivals']['count']} / {r['last_arrivals']['of']}</td></tr>"
+            )
+        parts.append("</table>")
+    else:
+        parts.append(
+            f"<p>No wait / transfer split: {e(m['null_reasons'].get('nccl_wait_share', 'not available'))}.</p>"
+        )
+    if section["windows"]:
+        from datetime import UTC, datetime
+
+        parts.append(
+            f"<p class='muted'>No steps in Inspector logs: {section['window_s']}-s time windows by "
+            f"{e(str(section['window_time']))} (UTC).</p><table id='inspector-windows'><tr><th>window</th>"
+            "<th>instances</th><th>wait share</th><th>late rank</th><th>busbw on transfer time</th></tr>"
+        )
+        for w in section["windows"][:MAX_WINDOW_ROWS]:
+            start = datetime.fromtimestamp(w["window_start_s"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+            parts.append(
+                f"<tr><td>{start}</td><td>{w['instances']}</td><td>{pct(w['nccl_wait_share'])}</td>"
+                f"<td>{'none' if w['late_rank'] is None else w['late_rank']}</td>"
+                f"<td>{value_h('gbps', w['busbw_transfer_median_gbps'])}</td></tr>"
+            )
+        parts.append("</table>")
+    parts.append("<p class='muted'>Definitions: docs/inspector.md.</p>")
+    return "\n".join(parts)
