@@ -16,10 +16,11 @@ import polars as pl
 
 from traceguard.checks.profiles import DEFAULT_PROFILE, Profile, load_profile
 from traceguard.checks.rules import CheckResult, evaluate, validate_profile
-from traceguard.errors import NoUsableInputError
-from traceguard.ingest import InputRecord, InputSpec, expand, no_input_reasons, parse_spec
+from traceguard.errors import InputError, NoUsableInputError
+from traceguard.ingest import InputRecord, InputSpec, bundle_captures, no_input_reasons, parse_spec
 from traceguard.ingest.sides import SideData, SideFiles, discover, load_side, split_inputs
 from traceguard.mapreduce import MapOptions, RankProgress, map_run
+from traceguard.metrics.inspector import WINDOW_S, analyse_inspector
 from traceguard.metrics.link_counters import capture_link_rows, capture_null_reason
 from traceguard.metrics.links import analyse_links
 from traceguard.metrics.run import RunResult, reduce_results
@@ -85,12 +86,15 @@ def analyze(
     if side_files:
         files.extend(side_files)
     files.extend(positional_sides)
+    found_in: dict[Path, SideFiles] = {}
     for item in inputs:
         path = item.path if isinstance(item, InputSpec) else Path(item)
         if path.is_dir():
-            files.extend(discover(path))
+            found_in[path] = discover(path)
+            files.extend(found_in[path])
     side = load_side(files) if files.any() else SideData()
-    has_side = side.nccl is not None or side.dmon is not None or side.nccl_tests is not None
+    inspected = side.inspector is not None and (side.inspector.ops.height > 0 or side.inspector.prom.height > 0)
+    has_side = side.nccl is not None or side.dmon is not None or side.nccl_tests is not None or inspected
     patterns = (*(step_patterns or []), *chosen.step_patterns)
     small_bytes = _param(chosen, "small_collectives", "small_bytes")
     options = MapOptions(
@@ -99,9 +103,10 @@ def analyze(
         small_bytes=int(small_bytes) if small_bytes else None,
         sliced_above=sliced_above,
     )
-    specs = expand(i if isinstance(i, InputSpec) else parse_spec(i) for i in inputs)
+    specs = _captures(inputs, found_in)
     if not specs and not has_side:
-        raise NoUsableInputError("no usable input: give capture files, a run directory, or side inputs")
+        why = "; ".join(side.errors) or "give capture files, a run directory, or side inputs"
+        raise NoUsableInputError(f"no usable input: {why}")
     say(f"analysing {len(specs)} input(s)")
     mapped = map_run(specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks)
     if specs and not mapped.results and not has_side:
@@ -119,7 +124,81 @@ def analyze(
     result.links = links
     result.metrics.update(links.metrics)
     result.null_reasons.update(links.null_reasons)
+    if side.inspector is not None:
+        say("matching NCCL Inspector lines across ranks")
+        nccl_peak = min(side.nccl.max_bw_by_rank.values()) if side.nccl and side.nccl.max_bw_by_rank else None
+        peak = nccl_peak or _param(chosen, "p2p_utilization", "peak_busbw_gbps")
+        window = _param(chosen, "collective_wait", "inspector_window_s")
+        result.inspector = analyse_inspector(
+            side.inspector, peak_busbw_gbps=peak, window_s=int(window) if window else WINDOW_S
+        )
+        merge_inspector(result, peak_from="NCCL GRAPH maxBw" if nccl_peak else "profile peak_busbw_gbps")
     say("checking")
     checks = evaluate(result, chosen)
     report = document.build(mapped.inputs, result, checks, chosen, side=side)
     return Analysis(mapped.inputs, result, side, checks, chosen, report, mapped.copies)
+
+
+def _captures(inputs: Iterable[str | InputSpec], found_in: dict[Path, SideFiles]) -> list[InputSpec]:
+    """The capture inputs: files as given, directories by their captures. A directory that holds
+    no capture but side inputs (NCCL Inspector logs on their own, say) gives no capture input."""
+    specs: list[InputSpec] = []
+    for item in inputs:
+        spec = item if isinstance(item, InputSpec) else parse_spec(item)
+        if not spec.path.is_dir():
+            specs.append(spec)
+            continue
+        try:
+            specs.extend(bundle_captures(spec.path))
+        except InputError:
+            if spec.path in found_in and found_in[spec.path].any():
+                continue
+            raise
+    return specs
+
+
+#: Run metrics the Inspector fills when the captures leave them null (the who-waits contract).
+INSPECTOR_FILLS = (
+    "nccl_wait_ns",
+    "nccl_transfer_ns",
+    "nccl_wait_share",
+    "late_rank",
+    "collective_instances_matched",
+    "collective_instances_unmatched",
+    "matched_steps",
+    "exposed_wait_share",
+)
+#: Link metrics it fills when no collective benchmark gives them (production traffic instead).
+INSPECTOR_LINK_FILLS = ("p2p_utilization", "allreduce_largest_bytes", "allreduce_peak_busbw_gbps")
+
+
+def merge_inspector(result: RunResult, *, peak_from: str) -> None:
+    """The Inspector's run metrics into the run's, where the captures (or the benchmark) left them
+    null: the captures' own split wins, since it is per step and knows the exposed time.
+    ``metrics.wait_source`` / ``utilization_source`` say which source each comes from."""
+    inspector = result.inspector
+    m, null = result.metrics, result.null_reasons
+    took = False
+    if m.get("nccl_wait_share") is None and inspector.metrics.get("nccl_wait_share") is not None:
+        # Key by key: what the captures did say (a CPU capture's late rank, say) stays theirs.
+        for key in INSPECTOR_FILLS:
+            if m.get(key) is not None:
+                continue
+            m[key] = inspector.metrics.get(key)
+            if m[key] is None:
+                null[key] = inspector.null_reasons.get(key, "not available from the NCCL Inspector logs")
+            else:
+                null.pop(key, None)
+        took = True
+    m["wait_source"] = "nccl_inspector" if took else "captures" if m.get("nccl_wait_share") is not None else None
+    if m.get("p2p_utilization") is None and inspector.metrics.get("allreduce_peak_busbw_gbps") is not None:
+        for key in INSPECTOR_LINK_FILLS:
+            m[key] = inspector.metrics.get(key)
+            if m[key] is None:
+                null[key] = inspector.null_reasons.get(key, "not available from the NCCL Inspector logs")
+            else:
+                null.pop(key, None)
+        m["utilization_source"] = "nccl_inspector"
+        evidence = inspector.metrics.get("utilization_evidence")
+        if evidence and result.links is not None:
+            result.links.evidence["p2p_utilization"] = [{**evidence, "expected_from": peak_from}]

@@ -27,6 +27,7 @@ PARAMS = (
     "small_bytes",
     "capture_pcie_share",
     "capture_nvlink_share",
+    "inspector_window_s",
 )
 #: Keys that start so are a rule's minimum evidence (``min_steps``, ``min_bytes_per_step``...):
 #: below the floor the rule is ``skip``. Which floors a rule has is the rule's own declaration

@@ -164,6 +164,8 @@ STEP_NOTES = {
 
 def step_note(result: RunResult) -> str | None:
     """How the steps were found when no marker gave them, naming the ranks if not all."""
+    if _from_inspector(result) and not result.ranks:
+        return f"no steps: NCCL Inspector logs, judged in {result.inspector.window_s}-s time windows"
     by_source: dict[str, list[int]] = {}
     for r in result.ranks:
         if r.step_source in STEP_NOTES:
@@ -240,6 +242,21 @@ def _late_rank_row(result: RunResult) -> dict[str, Any] | None:
     """The late rank as evidence: how often last, how late, what it launched from, and its GPU's
     idle time waiting for its host per step beside the other ranks'."""
     late = result.waits.late if result.waits else None
+    if not late and _from_inspector(result) and result.inspector.late:
+        late = result.inspector.late
+        return {
+            "late_rank": late["rank"],
+            "last_arrivals": late["last_arrivals"],
+            "of_matched": late["of"],
+            "median_late_ns": late["median_late_ns"],
+            "p95_late_ns": late["p95_late_ns"],
+            "launched_in": None,
+            "late_rank_idle_host_ns_per_step": None,
+            "other_ranks_idle_host_ns_per_step": None,
+            "host": late["host"],
+            "pid": late["pid"],
+            "arrival_from": f"NCCL Inspector: {late['arrival_source']}",
+        }
     if not late:
         return None
     idle = {r.rank: _median_of([s.get("idle_host_ns") for s in r.steps]) for r in result.ranks}
@@ -261,8 +278,17 @@ def _median_of(values: list[Any]) -> float | None:
     return statistics.median(known) if known else None
 
 
+def _from_inspector(result: RunResult) -> bool:
+    """The run's wait / transfer split comes from NCCL Inspector logs (pipeline.merge_inspector)."""
+    return result.metrics.get("wait_source") == "nccl_inspector" and result.inspector is not None
+
+
 def _wait_evidence(result: RunResult) -> list[dict[str, Any]]:
     rows = [row] if (row := _late_rank_row(result)) else []
+    if _from_inspector(result):
+        keys = ("rank", "host", "pid", "nccl_wait_share", "nccl_wait_ns", "nccl_transfer_ns")
+        ranked = sorted(result.inspector.per_rank, key=lambda r: r["nccl_wait_share"] or 0, reverse=True)
+        return rows + [{k: r[k] for k in keys} for r in ranked[:4]]
     return rows + _rank_evidence(result, "nccl_wait_share", extra=("nccl_wait_ns", "nccl_transfer_ns"))
 
 
@@ -332,6 +358,12 @@ def _exposed_wait_found(result: RunResult) -> str:
 
 def _matched_steps_found(result: RunResult) -> str:
     matched, steps = _m(result, "collective_instances_matched"), _m(result, "matched_steps") or 0
+    if _from_inspector(result):
+        window = f"{result.inspector.window_s}-s time window"
+        return (
+            f"{_plural(matched or 0, 'matched collective')} in {_plural(steps, window)} (NCCL Inspector logs have no "
+            "steps: each time window counts as one)"
+        )
     text = f"{_plural(matched or 0, 'matched collective')} in {_plural(steps, 'step')}"
     return text
 
@@ -576,7 +608,11 @@ def _dmon_found(result: RunResult) -> str:
 
 def _largest_message_found(result: RunResult) -> str:
     size = _m(result, "allreduce_largest_bytes")
-    return f"largest all-reduce message in the benchmark {format_bytes(size) if size is not None else 'unknown'}"
+    shown = format_bytes(size) if size is not None else "unknown"
+    if _m(result, "utilization_source") == "nccl_inspector":
+        coll = (result.inspector.metrics.get("utilization_collective") if result.inspector else None) or "collective"
+        return f"largest {coll} message in the NCCL Inspector logs {shown}"
+    return f"largest all-reduce message in the benchmark {shown}"
 
 
 def _small_sizes_found(result: RunResult) -> str:

@@ -48,8 +48,8 @@ Captures = Annotated[
     list[str] | None,
     typer.Argument(
         help="Capture files (nsys .sqlite[.gz] / .nsys-rep, Kineto .json[.gz]), run-bundle directories, and side "
-        "files (NCCL_DEBUG logs, nvidia-smi dmon / topo -m / -q output, nccl-tests output), all recognised by "
-        "content; FILE:RANK names a capture's rank.",
+        "files (NCCL_DEBUG logs, NCCL Inspector logs or a directory of them, nvidia-smi dmon / topo -m / -q "
+        "output, nccl-tests output), all recognised by content; FILE:RANK names a capture's rank.",
         show_default=False,
     ),
 ]

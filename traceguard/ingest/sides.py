@@ -14,9 +14,12 @@ import polars as pl
 
 from traceguard.errors import InputError
 from traceguard.ingest import InputSpec, parse_spec
+from traceguard.ingest.nccl_inspector import InspectorData, read_inspector
 from traceguard.ingest.nccl_log import NcclLog, read_nccl_logs
 
-KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q")
+KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q", "nccl_inspector")
+#: Where ``traceguard harness run --nccl-inspector`` puts the plugin's logs inside a bundle.
+INSPECTOR_DIR = "inspector"
 _MAX_SIDE_BYTES = 64 << 20
 T = TypeVar("T")  # side files are text of a few MB at most
 
@@ -30,6 +33,8 @@ class SideData:
     dmon: pl.DataFrame | None = None
     pcie_rated_mb_s: dict[int, float] | None = None
     nccl_tests: pl.DataFrame | None = None
+    #: NCCL Inspector logs (traceguard.ingest.nccl_inspector): per-collective lines of every rank.
+    inspector: InspectorData | None = None
     sources: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -41,6 +46,7 @@ class SideFiles:
     nccl_tests: list[Path] = field(default_factory=list)
     topo: list[Path] = field(default_factory=list)
     smi_q: list[Path] = field(default_factory=list)
+    nccl_inspector: list[Path] = field(default_factory=list)
 
     def extend(self, other: SideFiles) -> None:
         """Add ``other``'s files; one already here (the same file given as an option, positionally, or
@@ -109,10 +115,17 @@ def split_inputs(inputs: Iterable[str | InputSpec]) -> tuple[list[str | InputSpe
 
 
 def discover(directory: Path) -> SideFiles:
-    """Side files of a run bundle (text files beside the captures), by content."""
+    """Side files of a run bundle (text files beside the captures, and the NCCL Inspector logs in
+    its ``inspector/`` folder), by content."""
     found = SideFiles()
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.suffix in (".log", ".txt", ".out", ".gz") and ".json" not in path.name:
+    paths = sorted(directory.iterdir())
+    if (directory / INSPECTOR_DIR).is_dir():
+        paths += sorted((directory / INSPECTOR_DIR).iterdir())
+    for path in paths:
+        # ".prom" anywhere: snapshots of the Inspector's Prometheus file copied as they are rewritten
+        # (nccl_inspector_metrics_<GPU>.prom_t030) are one file each.
+        text_like = path.suffix in (".log", ".txt", ".out", ".gz", ".jsonl") or ".prom" in path.name
+        if path.is_file() and text_like and (".json" not in path.name or ".jsonl" in path.name):
             kind = classify(path)
             if kind:
                 getattr(found, kind).append(path)
@@ -150,6 +163,10 @@ def load_side(files: SideFiles) -> SideData:
             data.pcie_rated_mb_s = {**(data.pcie_rated_mb_s or {}), **rated}
     if tables := _each(files.nccl_tests, side_inputs.parse_nccl_tests, data.errors):
         data.nccl_tests = pl.concat(tables, how="diagonal_relaxed")
+    if files.nccl_inspector:
+        # Streamed by its own reader (no size limit: a long job's logs are gigabytes).
+        data.inspector = read_inspector(files.nccl_inspector)
+        data.errors.extend(data.inspector.errors)
     return data
 
 
@@ -159,5 +176,6 @@ def side_files(
     nccl_tests: Iterable[Path] = (),
     topo: Iterable[Path] = (),
     smi_q: Iterable[Path] = (),
+    nccl_inspector: Iterable[Path] = (),
 ) -> SideFiles:
-    return SideFiles(list(nccl_logs), list(dmon), list(nccl_tests), list(topo), list(smi_q))
+    return SideFiles(list(nccl_logs), list(dmon), list(nccl_tests), list(topo), list(smi_q), list(nccl_inspector))

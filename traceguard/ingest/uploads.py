@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from traceguard.errors import InputError, UnsupportedFormatError
 from traceguard.ingest.kineto import looks_like_kineto
+from traceguard.ingest.nccl_inspector import looks_like_inspector, looks_like_inspector_prom
 from traceguard.ingest.nccl_log import looks_like_nccl_log
 from traceguard.ingest.nsys_rep import is_nsys_rep
 from traceguard.ingest.nsys_sqlite import META_TABLES, NVTX
@@ -35,7 +36,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 CAPTURE_KINDS = ("nsys-sqlite", "nsys-rep", "kineto")
-SIDE_KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q")
+SIDE_KINDS = ("nccl_log", "dmon", "nccl_tests", "topo", "smi_q", "nccl_inspector")
+#: Side kinds that grow with the job (read streamed): held to the capture size limit, not the side one.
+LARGE_SIDE_KINDS = ("nccl_inspector",)
 ARCHIVE_KINDS = ("tar", "zip")
 _SIDE_NAMES = {"dmon": "dmon", "nccl-tests": "nccl_tests", "topo": "topo", "smi-q": "smi_q"}
 #: Tables nsys writes that the analysis reads; any of them present as a view (or virtual table)
@@ -100,7 +103,11 @@ def classify(path: Path) -> Classified:
         return Classified("nsys-rep")
     if looks_like_kineto(head):
         return Classified("kineto", compressed)
+    if looks_like_inspector(head):
+        return Classified("nccl_inspector", compressed)
     text = head.decode("utf-8", errors="replace")
+    if looks_like_inspector_prom(text):
+        return Classified("nccl_inspector", compressed)
     if looks_like_nccl_log(text):
         return Classified("nccl_log", compressed)
     side = sniff_side_input(text)
@@ -109,7 +116,8 @@ def classify(path: Path) -> Classified:
     raise UnsupportedFormatError(
         "not a file traceguard reads",
         hint="upload an nsys SQLite export (plain or .gz), an .nsys-rep, a PyTorch profiler (Kineto) JSON "
-        "trace (plain or .gz), an NCCL_DEBUG=INFO log, nvidia-smi dmon / topo -m / -q output, nccl-tests "
+        "trace (plain or .gz), an NCCL_DEBUG=INFO log, NCCL Inspector logs (JSON lines or .prom), "
+        "nvidia-smi dmon / topo -m / -q output, nccl-tests "
         "output, or a run bundle as .tar, .tar.gz or .zip",
     )
 
@@ -181,8 +189,8 @@ def validate(path: Path, found: Classified, *, scratch: Path, max_expanded_bytes
         else:
             validate_sqlite(path)
     elif found.compressed:
-        _check_gzip(path, max_expanded_bytes if found.kind in ("kineto", "tar") else max_side_bytes)
-    elif found.kind in SIDE_KINDS and path.stat().st_size > max_side_bytes:
+        _check_gzip(path, max_expanded_bytes if found.kind in ("kineto", "tar", *LARGE_SIDE_KINDS) else max_side_bytes)
+    elif found.kind in SIDE_KINDS and found.kind not in LARGE_SIDE_KINDS and path.stat().st_size > max_side_bytes:
         raise InputError(f"a {found.kind} text file larger than {max_side_bytes} bytes is not a side input")
 
 

@@ -223,6 +223,8 @@ class RunResult:
     workload: dict[str, Any] = field(default_factory=dict)
     #: Who waited for whom (metrics.waits): the clock alignment, the late rank, the split's sums.
     waits: WaitResult | None = None
+    #: What NCCL Inspector logs say (metrics.inspector.InspectorResult), when they were given.
+    inspector: Any = None
 
 
 def analyse_run(

@@ -20,6 +20,7 @@ from traceguard.metrics.transport import nccl_document
 from traceguard.metrics.workloads import empty as workload_entry
 from traceguard.metrics.workloads import run_workload
 from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
+from traceguard.report.inspector import inspector_document
 
 SCHEMA_VERSION = "1"
 #: Metric names every ``metrics`` object carries (issue contract), in this order.
@@ -100,6 +101,9 @@ RUN_ONLY = (
     "arrival_steps_compared",
     "straggler_worst",
     "straggler_evidence_steps",
+    # Where the wait split and the bandwidth came from when NCCL Inspector logs were given (pipeline).
+    "wait_source",
+    "utilization_source",
 )
 STEP_FIELDS = (
     "name",
@@ -264,6 +268,7 @@ def build(
             "unit": "ns",
             "ranks": [_with_wait_lane(r.timeline, result, r.rank) for r in ranks if r.timeline],
         },
+        "inspector": inspector_document(result.inspector if result else None),
         "nccl": nccl_document(side.nccl, nvlink_pairs=side.nvlink_pairs) if side and side.nccl else None,
         "side_inputs": {
             "sources": side.sources if side else {},

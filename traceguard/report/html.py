@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from traceguard.checks.rules import format_value
+from traceguard.report.inspector import inspector_html
 from traceguard.report.nccl import pair_transports, transport_order
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
@@ -361,6 +362,7 @@ def render(
     if not doc["ranks"] or not any(r["steps"] for r in doc["ranks"]):
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
     parts.append(waits_section(doc))
+    parts.append(inspector_html(doc))
     parts += _collectives_table(doc, collective)
     parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
     metrics = doc["run"]["metrics"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traceguard.report.inspector import inspector_section
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.tables import table
@@ -248,6 +249,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "Not available:"]
         lines += [f"- `{k}`: {v}" for k, v in m["null_reasons"].items()]
     lines += waits_section(doc)
+    lines += inspector_section(doc)
     lines += collectives_section(doc)
     lines += workload_section(doc)
     lines += sizes_section(doc)

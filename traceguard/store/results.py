@@ -19,6 +19,7 @@ from traceguard.store.tables import (
     CollectiveType,
     Connection,
     File,
+    InspectorWindow,
     Job,
     PeerTraffic,
     Phase,
@@ -28,7 +29,17 @@ from traceguard.store.tables import (
     Step,
 )
 
-RESULT_TABLES = (RankResult, Step, Phase, Collective, CollectiveType, PeerTraffic, Connection, CheckResult)
+RESULT_TABLES = (
+    RankResult,
+    Step,
+    Phase,
+    Collective,
+    CollectiveType,
+    PeerTraffic,
+    Connection,
+    CheckResult,
+    InspectorWindow,
+)
 MAX_ROWS = 10_000
 #: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
 WAIT_STEP_COLUMNS = WAIT_STEP_FIELDS
@@ -215,6 +226,23 @@ def save_results(
                 detail=conn.get("detail"),
             )
         )
+    inspector = doc.get("inspector") or {}
+    for window in inspector.get("windows") or []:
+        rows.append(
+            InspectorWindow(
+                run_id=run.id,
+                window_start_s=window["window_start_s"],
+                window_s=inspector["window_s"],
+                instances=window["instances"],
+                wait_ns=window["wait_ns"],
+                transfer_ns=window["transfer_ns"],
+                nccl_wait_share=window.get("nccl_wait_share"),
+                late_rank=window.get("late_rank"),
+                last_arrivals=window.get("last_arrivals") or 0,
+                bytes=window.get("bytes"),
+                busbw_transfer_median_gbps=window.get("busbw_transfer_median_gbps"),
+            )
+        )
     for check in doc.get("checks", []):
         rows.append(
             CheckResult(
@@ -355,6 +383,12 @@ def collective_types(
             CollectiveType.rank.in_(ranks), CollectiveType.step_index >= lo, CollectiveType.step_index <= hi
         )
     return list(session.scalars(query.order_by(CollectiveType.rank, CollectiveType.step_index, CollectiveType.id)))
+
+
+def inspector_windows(session: Session, run_id: int) -> list[InspectorWindow]:
+    """The run's NCCL Inspector time windows, oldest first (the trend of a long job)."""
+    query = select(InspectorWindow).where(InspectorWindow.run_id == run_id).order_by(InspectorWindow.window_start_s)
+    return list(session.scalars(query))
 
 
 def rank_results(session: Session, run_id: int, rank: int | None = None) -> list[RankResult]:

@@ -348,6 +348,29 @@ class CollectiveType(Base):
     )
 
 
+class InspectorWindow(Base):
+    """One time window of a run's NCCL Inspector logs (docs/inspector.md): the collectives matched
+    on all their ranks whose time falls in [``window_start_s``, + ``window_s``) (wall clock, s since
+    the epoch), their wait / transfer split, the rank last to arrive most often there, and the median
+    bus bandwidth on transfer time. A long job's logs sent again as they grow replace these rows, so
+    the run's rows show the trend window by window."""
+
+    __tablename__ = "inspector_windows"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    window_start_s: Mapped[int] = mapped_column(BigInteger)
+    window_s: Mapped[int] = mapped_column(Integer)
+    instances: Mapped[int] = mapped_column(BigInteger)
+    wait_ns: Mapped[int] = mapped_column(BigInteger)
+    transfer_ns: Mapped[int] = mapped_column(BigInteger)
+    nccl_wait_share: Mapped[float | None] = mapped_column(Float, nullable=True)
+    late_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_arrivals: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    busbw_transfer_median_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    __table_args__ = (Index("ix_inspector_windows_run_start", "run_id", "window_start_s"),)
+
+
 class PeerTraffic(Base):
     """One cell of the rank × peer matrix of point-to-point kernels: ``kernels`` carrying traffic
     with ``peer``, ``time_ns`` Σ their durations, ``sends``/``recvs`` NCCL calls naming the peer,
