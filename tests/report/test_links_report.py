@@ -18,7 +18,8 @@ from tests.report.test_waits_report import VALIDATOR, _described, _table, undesc
 from traceguard.metrics.link_counters import LINK_RANK_METRICS
 from traceguard.pipeline import analyze
 from traceguard.report import markdown
-from traceguard.report.fields import LINK_STEP_FIELDS
+from traceguard.report.compare import compare
+from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 from traceguard.report.links import TITLE
 
 LINKS = OWN / "h200x2_links"
@@ -141,3 +142,21 @@ def test_markdown_without_gpu_metrics_gives_the_reason_in_one_line(reports: dict
     for rank in report["ranks"]:
         section = _section(text, rank["rank"]).strip().splitlines()
         assert section == [f"### {TITLE}", "", f"No link counters: {rank['links']['null_reason']}."]
+
+
+def test_compare_pairs_the_wait_and_link_step_fields(reports: dict[str, dict]) -> None:
+    """P2P → SHM per step: the link and wait fields as base / head / delta, from the two reports."""
+    base, head = reports["p2p"], reports["shm"]
+    rows = compare(base, head)["steps"]
+    steps = {
+        (name, r["rank"], s["index"]): s for name in ("p2p", "shm") for r in reports[name]["ranks"] for s in r["steps"]
+    }
+    assert len(rows) == 4
+    for row in rows:
+        b, h = steps[("p2p", row["rank"], row["index"])], steps[("shm", row["rank"], row["index"])]
+        for key in (*WAIT_STEP_FIELDS, *LINK_STEP_FIELDS):
+            assert (row[f"{key}_base"], row[f"{key}_head"]) == (b[key], h[key]), key
+            expected = None if b[key] is None or h[key] is None else h[key] - b[key]
+            assert row[f"{key}_delta"] == pytest.approx(expected), key
+        # SHM moved the all-reduces onto PCIe: more PCIe load in the NCCL kernels, less NVLink.
+        assert row["nccl_pcie_avg_pct_delta"] > 50 and row["nccl_nvlink_avg_pct_delta"] < -50
