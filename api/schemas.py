@@ -144,6 +144,12 @@ _NO_SPLIT = " Null when the step holds no matched collective or the run's split 
 _PART = " One part of the step's period; null when the step has no GPU span."
 
 
+_LINK = (
+    " nsys GPU metrics: per sample the busier direction, max(RX, TX), % of the link's peak (0–100); null without GPU "
+    "metrics of the rank's GPU."
+)
+
+
 class StepRow(BaseModel):
     """One step of one rank: the CPU range, GPU span and NCCL time; the NCCL time of its matched
     collectives split into waiting for the last rank and transfer; its GPU time broken down over
@@ -195,6 +201,18 @@ class StepRow(BaseModel):
         default=None,
         description="The rank's median arrival − the earliest member's at the step's matched collectives (0: first)."
         + _NO_SPLIT,
+    )
+    pcie_avg_pct: float | None = Field(default=None, description="Mean PCIe load over the step's GPU span." + _LINK)
+    pcie_peak_pct: float | None = Field(default=None, description="Highest PCIe load over the step's GPU span." + _LINK)
+    nvlink_avg_pct: float | None = Field(default=None, description="Mean NVLink load over the step's GPU span." + _LINK)
+    nvlink_peak_pct: float | None = Field(
+        default=None, description="Highest NVLink load over the step's GPU span." + _LINK
+    )
+    nccl_pcie_avg_pct: float | None = Field(
+        default=None, description="Mean PCIe load over the step's NCCL kernels." + _LINK
+    )
+    nccl_nvlink_avg_pct: float | None = Field(
+        default=None, description="Mean NVLink load over the step's NCCL kernels." + _LINK
     )
     phases: list[PhaseRow]
     collectives: list[CollectiveTypeRow] = Field(default_factory=list, description="collectives by type in this step")
@@ -318,6 +336,47 @@ class RankWaitRow(BaseModel):
     null_reason: str | None = Field(description="why the split is null for this rank")
 
 
+_NCCL_SAMPLES = " Of the samples during its NCCL kernels; null without GPU metrics of the rank's GPU."
+
+
+class RankLinkRow(BaseModel):
+    """One rank's link counters during its NCCL kernels (nsys GPU metrics; docs/report.schema.json
+    ``ranks[].metrics`` and ``ranks[].links``): PCIe and NVLink load as fractions of the link's peak
+    (per sample the busier direction), and where NCCL's bytes went."""
+
+    rank: int
+    link_device: int | None = Field(description="the CUDA device sampled")
+    link_nccl_samples: int | None = Field(description="GPU metrics samples that lie in the rank's NCCL kernels")
+    pcie_nccl_avg: float | None = Field(description="mean PCIe load (fraction of peak)." + _NCCL_SAMPLES)
+    pcie_nccl_p95: float | None = Field(description="95th percentile of the PCIe load." + _NCCL_SAMPLES)
+    pcie_nccl_peak: float | None = Field(description="highest PCIe load." + _NCCL_SAMPLES)
+    nvlink_nccl_avg: float | None = Field(description="mean NVLink load (fraction of peak)." + _NCCL_SAMPLES)
+    nvlink_nccl_p95: float | None = Field(description="95th percentile of the NVLink load." + _NCCL_SAMPLES)
+    nvlink_nccl_peak: float | None = Field(description="highest NVLink load." + _NCCL_SAMPLES)
+    nccl_nvlink_share: float | None = Field(description="share with NVLink busy (≥ 5 % of peak)." + _NCCL_SAMPLES)
+    nccl_pcie_share: float | None = Field(description="share with PCIe busy, NVLink not." + _NCCL_SAMPLES)
+    nccl_link_idle_share: float | None = Field(description="share with neither link busy." + _NCCL_SAMPLES)
+    link_nccl_ns: int | None = Field(description="the NCCL kernels' time (the union of their intervals), ns")
+    nccl_nvlink_ns: int | None = Field(description="nccl_nvlink_share × link_nccl_ns")
+    nccl_pcie_ns: int | None = Field(description="nccl_pcie_share × link_nccl_ns")
+    nccl_link_idle_ns: int | None = Field(description="nccl_link_idle_share × link_nccl_ns")
+    null_reason: str | None = Field(description="why the rank has no link figures")
+
+
+class StepLinkRow(BaseModel):
+    """One step's link figures (the step rows' link fields; % of the link's peak, 0–100)."""
+
+    rank: int
+    step_index: int
+    name: str
+    pcie_avg_pct: float | None
+    pcie_peak_pct: float | None
+    nvlink_avg_pct: float | None
+    nvlink_peak_pct: float | None
+    nccl_pcie_avg_pct: float | None
+    nccl_nvlink_avg_pct: float | None
+
+
 class ConnectionRow(BaseModel):
     comm: str | None
     rank: int
@@ -343,3 +402,11 @@ class LinkTables(BaseModel):
         default_factory=list, description="per rank: NCCL time waiting for the last rank vs transfer, last arrivals"
     )
     late_rank: int | None = Field(default=None, description="the rank the others waited for most often; null if none")
+    link_counters: list[RankLinkRow] = Field(
+        default_factory=list,
+        description="per rank: PCIe and NVLink load during its NCCL kernels and where NCCL's bytes went (nsys GPU "
+        "metrics)",
+    )
+    link_steps: list[StepLinkRow] = Field(
+        default_factory=list, description="per rank and step: PCIe and NVLink load over the step and its NCCL kernels"
+    )

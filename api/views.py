@@ -11,13 +11,15 @@ from api.schemas import (
     JobPublic,
     PeerRow,
     PhaseRow,
+    RankLinkRow,
     RankWaitRow,
     RunDetail,
     RunPublic,
+    StepLinkRow,
     StepRow,
     TokenPublic,
 )
-from traceguard.store.results import WAIT_STEP_COLUMNS
+from traceguard.store.results import LINK_RANK_COLUMNS, LINK_STEP_COLUMNS, WAIT_STEP_COLUMNS
 from traceguard.store.tables import CollectiveType, File, Job, PeerTraffic, Phase, RankResult, Run, Step, Token
 
 
@@ -104,6 +106,24 @@ def rank_wait_row(r: RankResult) -> RankWaitRow:
     )
 
 
+def rank_link_row(r: RankResult) -> RankLinkRow:
+    reasons = (r.metrics or {}).get("null_reasons") or {}
+    return RankLinkRow(
+        rank=r.rank,
+        **{column: getattr(r, column) for column in LINK_RANK_COLUMNS},
+        null_reason=reasons.get("pcie_nccl_avg") if r.pcie_nccl_avg is None else None,
+    )
+
+
+def step_link_row(s: Step) -> StepLinkRow:
+    return StepLinkRow(
+        rank=s.rank,
+        step_index=s.step_index,
+        name=s.name,
+        **{column: getattr(s, column) for column in LINK_STEP_COLUMNS},
+    )
+
+
 def step_row(s: Step, phases: list[Phase], collectives: Sequence[CollectiveType] = ()) -> StepRow:
     return StepRow(
         rank=s.rank,
@@ -118,6 +138,7 @@ def step_row(s: Step, phases: list[Phase], collectives: Sequence[CollectiveType]
         peer_bytes=s.peer_bytes,
         peer_copies=s.peer_copies,
         **{column: getattr(s, column) for column in WAIT_STEP_COLUMNS},
+        **{column: getattr(s, column) for column in LINK_STEP_COLUMNS},
         phases=[phase_row(p) for p in phases],
         collectives=[collective_type_row(c) for c in collectives],
     )

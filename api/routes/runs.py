@@ -31,9 +31,11 @@ from api.views import (
     file_public,
     job_public,
     peer_row,
+    rank_link_row,
     rank_wait_row,
     run_detail,
     run_public,
+    step_link_row,
     step_row,
 )
 from traceguard.checks.profiles import available
@@ -67,6 +69,8 @@ def check_collective(name: str | None) -> str | None:
         if known.lower() == name.strip().lower():
             return known
     raise InputError(f"unknown collective {name!r}; one of {', '.join(COLLECTIVES)}")
+
+
 ERRORS = {401: {"description": "no or bad token"}, 404: {"description": "no such run in this project"}}
 
 
@@ -339,9 +343,7 @@ def get_steps(
     types: dict[tuple[int, int | None], list] = {}
     for c in results.collective_types(session, run.id, collective=collective, steps=steps):
         types.setdefault((c.rank, c.step_index), []).append(c)
-    rows = [
-        step_row(s, by_step.get((s.rank, s.step_index), []), types.get((s.rank, s.step_index), [])) for s in steps
-    ]
+    rows = [step_row(s, by_step.get((s.rank, s.step_index), []), types.get((s.rank, s.step_index), [])) for s in steps]
     if phase is not None:
         rows = [r for r in rows if r.phases]
     return StepList(run_id=run.id, steps=rows)
@@ -415,8 +417,10 @@ def get_links(
     (window totals per rank), the point-to-point rank × peer matrix, and the NCCL transport map
     (every channel connection from the NCCL_DEBUG logs, and the rank × peer transport matrix), and
     who waited for whom: per rank its NCCL time waiting for the last rank vs transfer, its last
-    arrivals and clock, and the run's late rank (docs/collectives.md). ``collective`` keeps that
-    type's rows (and the peer matrix only for a point-to-point type)."""
+    arrivals and clock, and the run's late rank (docs/collectives.md); the link counters (nsys GPU
+    metrics): per rank its PCIe and NVLink load during its NCCL kernels and where NCCL's bytes went,
+    per step its PCIe and NVLink load. ``collective`` keeps that type's rows (and the peer matrix
+    only for a point-to-point type)."""
     run = _visible(session, who.project_id, run_id)
     collective = check_collective(collective)
     peers_wanted = collective is None or collective in ("SendRecv", "Send", "Recv")
@@ -439,4 +443,6 @@ def get_links(
         transport_matrix=matrix,
         waits=[rank_wait_row(r) for r in ranks if rank is None or r.rank == rank],
         late_rank=next((r.rank for r in ranks if r.is_late_rank), None),
+        link_counters=[rank_link_row(r) for r in ranks if rank is None or r.rank == rank],
+        link_steps=[step_link_row(s) for s in results.query_steps(session, run.id, rank=rank, limit=results.MAX_ROWS)],
     )

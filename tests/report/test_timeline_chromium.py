@@ -18,6 +18,7 @@ from tests.report.test_html_chromium import browser  # noqa: F401 - the shared C
 from tests.service.test_web_chromium import site  # noqa: F401 - a live service with two runs
 from traceguard.pipeline import analyze
 from traceguard.report import html
+from traceguard.report.link_charts import LINK_KINDS
 from traceguard.report.timeline import KIND_COLOUR
 from traceguard.report.waits import WAIT_LANE
 
@@ -45,7 +46,7 @@ def _check_lanes(page, report: dict) -> None:
         for r in report["timeline"]["ranks"]
         for lane in r["lanes"]
     }
-    drawn = [t for t in traces if t["meta"]["lane"] != WAIT_LANE]
+    drawn = [t for t in traces if t["meta"]["lane"] != WAIT_LANE and t["meta"]["kind"] not in LINK_KINDS]
     assert {(t["meta"]["rank"], t["meta"]["lane"]): (t["meta"]["kind"], t["segments"]) for t in drawn} == expected
     assert {t["colour"] for t in traces if t["meta"]["kind"] == "exposed"} == {KIND_COLOUR["exposed"]}
     # Besides: each rank's NCCL kernels split into waiting and transfer (tests/report/test_waits_chromium.py),
@@ -55,8 +56,10 @@ def _check_lanes(page, report: dict) -> None:
         if t["meta"]["lane"] == WAIT_LANE:
             own = [n for (rank, _), (kind, n) in expected.items() if rank == t["meta"]["rank"] and kind == "nccl"]
             assert t["segments"] <= sum(own)
-    # One y category per (rank, lane) was drawn, and one per rank for the split.
-    assert page.locator("#timeline .yaxislayer-above .ytick").count() == len(expected) + len(split)
+    # One y category per (rank, lane) was drawn, one per rank for the split, one per link row
+    # (captures with nsys GPU metrics: tests/report/test_links_chromium.py).
+    links = {(t["meta"]["rank"], t["meta"]["lane"]) for t in traces if t["meta"]["kind"] in LINK_KINDS}
+    assert page.locator("#timeline .yaxislayer-above .ytick").count() == len(expected) + len(split) + len(links)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +93,7 @@ def test_timeline_in_the_html_report(browser, report_file, tmp_path: Path) -> No
         page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
         page.mouse.up()
         page.wait_for_function(
-            "(w) => { const r = document.getElementById('timeline')._fullLayout.xaxis.range;"
-            " return r[1] - r[0] < w; }",
+            "(w) => { const r = document.getElementById('timeline')._fullLayout.xaxis.range; return r[1] - r[0] < w; }",
             arg=(before[1] - before[0]) / 2,
             timeout=10_000,
         )

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from traceguard.cli.common import DataDirOpt, LabelOpt, app, err, fail, labels, out, settings_for
 from traceguard.errors import InputError, TraceguardError
-from traceguard.report.fields import WAIT_STEP_FIELDS
+from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 from traceguard.report.units import value_h
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def emit(
     compact = headers is not None
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD)
     for column in shown:
-        numeric = compact and column.endswith(("_ns", "_share"))
+        numeric = compact and column.endswith(("_ns", "_share", "_pct"))
         table.add_column((headers or {}).get(column, column), justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*(escape(_short(c, row.get(c)) if compact else _cell(c, row.get(c))) for c in shown))
@@ -164,6 +164,8 @@ def _short(key: str, value: Any) -> str:
         return f"{value / 1e6:.2f}"
     if key.endswith("_share") and isinstance(value, int | float):
         return f"{value:.0%}"
+    if key.endswith("_pct") and isinstance(value, int | float):
+        return f"{value:.0f}"
     return _cell(key, value)
 
 
@@ -256,6 +258,8 @@ STEP_COLUMNS = [
     # Who waited for whom (docs/collectives.md): the NCCL kernel time of the step's matched
     # collectives split at the last rank's arrival, the step's GPU time broken down, its lateness.
     *WAIT_STEP_FIELDS,
+    # The link counters (nsys GPU metrics): PCIe and NVLink load over the step and its NCCL kernels.
+    *LINK_STEP_FIELDS,
 ]
 #: Columns the terminal table leaves to CSV and JSON (which have every column), to stay readable.
 STEP_TABLE_HIDDEN = (
@@ -269,7 +273,17 @@ STEP_TABLE_HIDDEN = (
     "phases",
 )
 #: Left out as well when --phase or --collective add their own columns.
-STEP_NARROW = (*STEP_TABLE_HIDDEN, "nccl_transfer_ns", "compute_ns", "comm_ns", "lateness_ns")
+STEP_NARROW = (
+    *STEP_TABLE_HIDDEN,
+    "nccl_transfer_ns",
+    "compute_ns",
+    "comm_ns",
+    "lateness_ns",
+    "pcie_avg_pct",
+    "pcie_peak_pct",
+    "nvlink_avg_pct",
+    "nvlink_peak_pct",
+)
 #: The table's headers: times in ms (the cells are numbers), shares in %.
 STEP_HEADERS = {
     "step_index": "step",
@@ -282,6 +296,12 @@ STEP_HEADERS = {
     "comm_ns": "comm\nms",
     "idle_host_ns": "idle host\nms",
     "lateness_ns": "lateness\nms",
+    "pcie_avg_pct": "pcie\navg %",
+    "pcie_peak_pct": "pcie\npeak %",
+    "nvlink_avg_pct": "nvlink\navg %",
+    "nvlink_peak_pct": "nvlink\npeak %",
+    "nccl_pcie_avg_pct": "pcie in\nnccl %",
+    "nccl_nvlink_avg_pct": "nvlink in\nnccl %",
     "phase_cpu_ns": "phase cpu\nms",
     "phase_gpu_ns": "phase gpu\nms",
     "phase_nccl_ns": "phase nccl\nms",
@@ -294,8 +314,9 @@ STEP_HEADERS = {
 STEP_CAPTION = (
     "wait / transfer: the NCCL time of the step's matched collectives spent waiting for the last rank / moving "
     "data. compute, comm (exposed NCCL), idle host (the GPU waited for its host): where the step's GPU time went. "
-    "lateness: the rank's median arrival after the first rank's. Empty: not known. CSV and JSON have every column "
-    "(CPU time, DtoD bytes, the whole breakdown, phases); docs/collectives.md."
+    "lateness: the rank's median arrival after the first rank's. pcie / nvlink (nsys GPU metrics): the link's load "
+    "over the step and its NCCL kernels, % of its peak (shown when the capture has them). Empty: not known. CSV and "
+    "JSON have every column (CPU time, DtoD bytes, the whole breakdown, phases); docs/collectives.md."
 )
 
 
@@ -365,13 +386,19 @@ def steps_command(
         return
     flat = flatten_steps(rows, phase, collective)
     columns = list(flat[0]) if flat else STEP_COLUMNS
+    # The link columns only where the capture had GPU metrics (most runs have none).
+    unknown = {c for c in LINK_STEP_FIELDS if all(row.get(c) is None for row in flat)}
     emit(
         flat,
         columns,
         fmt,
         f"run {run_id} · steps ({len(flat)})",
         headers=STEP_HEADERS,
-        table_columns=[c for c in columns if c not in (STEP_NARROW if phase or collective else STEP_TABLE_HIDDEN)],
+        table_columns=[
+            c
+            for c in columns
+            if c not in (STEP_NARROW if phase or collective else STEP_TABLE_HIDDEN) and c not in unknown
+        ],
         caption=STEP_CAPTION,
     )
 

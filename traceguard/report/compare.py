@@ -11,7 +11,10 @@ step and per collective type. The one comparison the CLI (``traceguard compare``
   the head fails), the gate of ``traceguard compare``.
 - ``steps``: per (rank, step index), present in either report: ``<field>_base``,
   ``<field>_head`` and ``<field>_delta`` for the step's GPU span, NCCL time and NCCL share (with
-  ``nccl_share_delta_pp``). Steps pair by index (time order within the rank), not by name.
+  ``nccl_share_delta_pp``), CPU time, DtoD bytes, the wait step fields (wait / transfer, the GPU
+  time broken down, lateness: ns) and the link step fields (PCIe / NVLink load, % of the link's
+  peak: their delta is in percentage points already). Steps pair by index (time order within the
+  rank), not by name.
 - ``collectives``: per collective type over the run (``run.collectives_by_type``): count, time,
   exposed time and bytes, each as base / head / delta.
 """
@@ -21,11 +24,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 from traceguard.report.units import value_h
 
 #: Statuses a check can regress to from ``pass``.
 WORSE = ("warn", "fail")
-STEP_FIELDS = ("gpu_span_ns", "nccl_ns", "nccl_share", "cpu_ns", "dtod_bytes")
+STEP_FIELDS = ("gpu_span_ns", "nccl_ns", "nccl_share", "cpu_ns", "dtod_bytes", *WAIT_STEP_FIELDS, *LINK_STEP_FIELDS)
 COLLECTIVE_FIELDS = ("count", "time_ns", "exposed_ns", "bytes")
 
 

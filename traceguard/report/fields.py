@@ -29,3 +29,29 @@ LINK_STEP_FIELDS = (
     "nccl_pcie_avg_pct",
     "nccl_nvlink_avg_pct",
 )
+
+#: Rank metrics of the link counters during the rank's NCCL kernels (metrics.link_counters.
+#: LINK_RANK_METRICS without the window's sample count): the samples, PCIe and NVLink load (fractions
+#: of the link's peak) and where NCCL's bytes went (shares of the samples). The store's
+#: ``rank_results`` columns are these, with :data:`LINK_SPLIT_COLUMNS`.
+LINK_RANK_FIELDS = (
+    "link_nccl_samples",
+    "pcie_nccl_avg",
+    "pcie_nccl_p95",
+    "pcie_nccl_peak",
+    "nvlink_nccl_avg",
+    "nvlink_nccl_p95",
+    "nvlink_nccl_peak",
+    "nccl_nvlink_share",
+    "nccl_pcie_share",
+    "nccl_link_idle_share",
+)
+#: Store column → key of the report's ``ranks[].links``: the GPU sampled and the NCCL kernels' time
+#: split by where their bytes went (``nccl_split``: its ``nccl_ns`` and the ``*_ns`` of each part).
+LINK_SPLIT_COLUMNS = {
+    "link_device": ("device",),
+    "link_nccl_ns": ("nccl_split", "nccl_ns"),
+    "nccl_nvlink_ns": ("nccl_split", "nvlink_ns"),
+    "nccl_pcie_ns": ("nccl_split", "pcie_ns"),
+    "nccl_link_idle_ns": ("nccl_split", "idle_ns"),
+}

@@ -1,5 +1,6 @@
 """HTML report: checks, metrics, the per-rank step breakdown, each step's GPU time, the timeline,
-who waits for whom (traceguard.report.waits) and the NCCL transport matrix as Plotly charts.
+who waits for whom (traceguard.report.waits), the link counters (traceguard.report.link_charts) and
+the NCCL transport matrix as Plotly charts.
 
 By default the page embeds plotly.js once, so it opens offline (CI artifacts, air-gapped
 clusters); the service passes ``plotly_src`` to load it from its own static route instead.
@@ -15,6 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from traceguard.checks.rules import format_value
 from traceguard.report.inspector import inspector_html
+from traceguard.report.link_charts import section as links_section
 from traceguard.report.nccl import pair_transports, transport_order
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
@@ -363,6 +365,7 @@ def render(
         parts.append("<p class='muted'>No steps were found, so there is no step breakdown to chart.</p>")
     parts.append(waits_section(doc))
     parts.append(inspector_html(doc))
+    parts.append(links_section(doc))
     parts += _collectives_table(doc, collective)
     parts.append("<h2>Run metrics</h2><table id='metrics'><tr><th>metric</th><th>value</th></tr>")
     metrics = doc["run"]["metrics"]

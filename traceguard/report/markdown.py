@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceguard.report.inspector import inspector_section
+from traceguard.report.links import markdown_section as links_section
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.tables import table
@@ -304,6 +305,7 @@ def render(doc: dict[str, Any]) -> str:
             lines += table(["step", "collective", "count", "time", "exposed", "bytes"], rows)
             if len(per_step) > MAX_STEP_ROWS:
                 lines.append(f"… {len(per_step) - MAX_STEP_ROWS} more rows in the JSON report")
+        lines += links_section(rank)
     bad = [i for i in doc["inputs"] if i["error"] or i["warnings"]]
     if bad:
         lines += ["", "## Inputs", ""]

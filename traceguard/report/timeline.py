@@ -15,6 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from traceguard.report.link_charts import add_link_load, add_link_row, link_lanes, link_rows
 from traceguard.report.waits import TRANSFER_COLOUR, WAIT_COLOUR, WAIT_LANE, rank_shifts, wait_lane
 
 #: Lane colours by kind; NCCL lanes by collective type.
@@ -101,8 +102,8 @@ def _wait_traces(fig: go.Figure, rank: int, row: str, offset: int, segments: lis
 
 def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
     """Per rank, one row per lane (steps, phases, compute, NCCL by type, the NCCL kernels split
-    into waiting and transfer, exposed NCCL, memcpy); zoom by dragging across the time axis,
-    double-click to reset."""
+    into waiting and transfer, the PCIe and NVLink load (traceguard.report.link_charts), exposed
+    NCCL, memcpy); zoom by dragging across the time axis, double-click to reset."""
     ranks = lanes_of(doc)
     if not ranks:
         return None
@@ -112,12 +113,17 @@ def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
         shifts = {}
     origin = min(int(r["origin_ns"]) + shifts.get(r["rank"], 0) for r in ranks)
     waits, _ = wait_lane(doc) if aligned else ({}, None)
+    links, _ = link_lanes(doc)
     fig = go.Figure()
     rows: list[str] = []
+    #: The link rows, drawn on the numeric axis once every row's position is known.
+    loads: list[tuple[int, str, str, dict[str, Any], int]] = []
     shown_kinds: set[str] = set()
     for rank in sorted(ranks, key=lambda r: r["rank"]):
         offset = int(rank["origin_ns"]) + shifts.get(rank["rank"], 0) - origin
         last_nccl = max((i for i, lane in enumerate(rank["lanes"]) if lane["kind"] == "nccl"), default=None)
+        # The link rows go under the NCCL lanes (and their wait / transfer row), else last.
+        links_after = last_nccl if last_nccl is not None else len(rank["lanes"]) - 1
         for position, lane in enumerate(rank["lanes"]):
             row = f"rank {rank['rank']} · {lane['name']}"
             rows.append(row)
@@ -148,6 +154,14 @@ def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
                 row = f"rank {rank['rank']} · {WAIT_LANE}"
                 rows.append(row)
                 _wait_traces(fig, rank["rank"], row, offset, waits[rank["rank"]])
+            if position == links_after and rank["rank"] in links:
+                lane = links[rank["rank"]]
+                for row, key in link_rows(rank["rank"], lane):
+                    rows.append(row)
+                    add_link_row(fig, rank["rank"], row, key, lane, offset)
+                    loads.append((rank["rank"], row, key, lane, offset))
+    for rank_id, row, key, lane, offset in loads:
+        add_link_load(fig, rank_id, row, key, lane, offset, len(rows) - 1 - rows.index(row))
     clock = (
         "the ranks on one clock (aligned by their collectives' ends)" if aligned else "each rank on its capture's clock"
     )
@@ -160,7 +174,14 @@ def timeline_figure(doc: dict[str, Any]) -> go.Figure | None:
             "categoryarray": list(reversed(rows)),
             "fixedrange": True,
             "automargin": True,
+            # Fixed, so that the link rows' numeric axis (row index ± 0.5) lies over the categories.
+            "range": [-0.5, len(rows) - 0.5],
         },
+        **(
+            {"yaxis2": {"overlaying": "y", "range": [-0.5, len(rows) - 0.5], "visible": False, "fixedrange": True}}
+            if loads
+            else {}
+        ),
         dragmode="zoom",
         hovermode="closest",
         height=min(140 + 22 * len(rows), 2400),

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from traceguard.errors import InputError
-from traceguard.report.fields import WAIT_STEP_FIELDS
+from traceguard.report.fields import LINK_RANK_FIELDS, LINK_SPLIT_COLUMNS, LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 from traceguard.store.runs import with_labels
 from traceguard.store.tables import (
     CheckResult,
@@ -43,6 +43,23 @@ RESULT_TABLES = (
 MAX_ROWS = 10_000
 #: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
 WAIT_STEP_COLUMNS = WAIT_STEP_FIELDS
+#: Step columns of the link counters (nsys GPU metrics), as the report's step rows name them.
+LINK_STEP_COLUMNS = LINK_STEP_FIELDS
+#: Rank columns of the link counters: the rank metrics of its NCCL kernels, then the GPU and the
+#: NCCL kernels' time split (from ``ranks[].links``).
+LINK_RANK_COLUMNS = (*LINK_RANK_FIELDS, *LINK_SPLIT_COLUMNS)
+
+
+def rank_link_values(rank: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`LINK_RANK_COLUMNS` of one of the report's ranks (null where it has none)."""
+    metrics = rank.get("metrics") or {}
+    values = {key: metrics.get(key) for key in LINK_RANK_FIELDS}
+    for column, path in LINK_SPLIT_COLUMNS.items():
+        node: Any = rank.get("links") or {}
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        values[column] = node
+    return values
 
 
 def _share(part: Any, whole: Any) -> float | None:
@@ -130,6 +147,7 @@ def save_results(
                 is_late_rank=None if late_rank is None else late_rank == rank["rank"],
                 clock_offset_ns=clock.get("offset_ns"),
                 clock_residual_ns=clock.get("residual_ns"),
+                **rank_link_values(rank),
                 metrics=metrics,
             )
         )
@@ -149,6 +167,7 @@ def save_results(
                     peer_bytes=step.get("peer_bytes"),
                     peer_copies=step.get("peer_copies"),
                     **{key: step.get(key) for key in WAIT_STEP_COLUMNS},
+                    **{key: step.get(key) for key in LINK_STEP_COLUMNS},
                 )
             )
             for name, phase in (step.get("phases") or {}).items():
@@ -476,6 +495,7 @@ def step_records(
                 "peer_bytes": s.peer_bytes,
                 "peer_copies": s.peer_copies,
                 **{column: getattr(s, column) for column in WAIT_STEP_COLUMNS},
+                **{column: getattr(s, column) for column in LINK_STEP_COLUMNS},
                 "phases": phases.get(key, []),
                 "collectives": types.get(key, []),
             }

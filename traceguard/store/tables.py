@@ -235,6 +235,25 @@ class RankResult(Base):
     is_late_rank: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     clock_offset_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     clock_residual_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The link counters (nsys GPU metrics; docs/report.schema.json ranks[].metrics and .links): the
+    # GPU sampled, its samples during the NCCL kernels, PCIe and NVLink load then (fractions of the
+    # link's peak), and where NCCL's bytes went (shares of those samples; times = share × the NCCL
+    # kernels' time, link_nccl_ns). Null when the capture has no GPU metrics of the rank's GPU.
+    link_device: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    link_nccl_samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pcie_nccl_avg: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pcie_nccl_p95: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pcie_nccl_peak: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nvlink_nccl_avg: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nvlink_nccl_p95: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nvlink_nccl_peak: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nccl_nvlink_share: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nccl_pcie_share: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nccl_link_idle_share: Mapped[float | None] = mapped_column(Float, nullable=True)
+    link_nccl_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_nvlink_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_pcie_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    nccl_link_idle_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONType)
 
 
@@ -248,7 +267,12 @@ class Step(Base):
     broken down into ``compute_ns``, ``comm_ns`` (exposed NCCL, split into ``comm_wait_ns`` and
     ``comm_transfer_ns``), ``copy_ns``, ``idle_host_ns`` (the GPU waited for its host) and
     ``idle_other_ns``; ``lateness_ns`` is the rank's median arrival − the earliest member's at the
-    step's collectives."""
+    step's collectives.
+
+    The link counters (nsys GPU metrics; null without them): ``pcie_avg_pct`` / ``pcie_peak_pct`` and
+    ``nvlink_avg_pct`` / ``nvlink_peak_pct`` over the step's GPU span, ``nccl_pcie_avg_pct`` /
+    ``nccl_nvlink_avg_pct`` over its NCCL kernels; per sample the busier direction, % of the
+    link's peak (0–100)."""
 
     __tablename__ = "steps"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -275,6 +299,12 @@ class Step(Base):
     idle_host_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     idle_other_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     lateness_ns: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pcie_avg_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pcie_peak_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nvlink_avg_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nvlink_peak_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nccl_pcie_avg_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    nccl_nvlink_avg_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
     __table_args__ = (Index("ix_steps_run_rank_index", "run_id", "rank", "step_index"),)
 
 
