@@ -74,7 +74,7 @@ class GpuMetricsInfo:
 
 
 #: GPU_METRICS rows scanned per chunk (by rowid): the read holds one chunk's integers at a time.
-CHUNK_ROWS = 4_000_000
+CHUNK_ROWS = 2_000_000
 
 Bulk = Callable[[str, Sequence[tuple[str, str, str]], str], pl.DataFrame]
 

@@ -231,18 +231,42 @@ def rank_links(
 
 
 def _per_step(frame: pl.DataFrame, timed_steps: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Per step position: window_stats of the step, its NCCL kernels and its copies."""
+    """Per step position: avg / p95 / peak of the links (the combined ``pcie`` and ``nvlink``)
+    over the step, its NCCL kernels and its copies, one group-by per window. The other counters
+    (SM, DRAM, each direction) are per rank only: thousands of steps × every counter would make the
+    report several times larger for figures nobody reads step by step."""
     out: dict[int, dict[str, Any]] = {}
     if not timed_steps:
         return out
     stepped = frame.filter(pl.col("step") >= 0)
-    for (position,), part in stepped.group_by("step", maintain_order=True):
-        out[int(position)] = {  # type: ignore[arg-type]
-            "samples": part.height,
-            "step": window_stats(part),
-            "nccl": window_stats(part.filter(pl.col("in_nccl"))),
-            "copies": window_stats(part.filter(pl.col("in_copies"))),
-        }
+    known = stepped.height
+    present = [c for c in COMBINED if c in stepped.columns and stepped[c].null_count() < known]
+    aggregations = [
+        pl.len().alias("samples"),
+        *(pl.col(c).mean().alias(f"{c}|avg") for c in present),
+        *(pl.col(c).quantile(0.95, interpolation="linear").alias(f"{c}|p95") for c in present),
+        *(pl.col(c).max().alias(f"{c}|peak") for c in present),
+    ]
+    windows = (
+        ("step", stepped),
+        ("nccl", stepped.filter(pl.col("in_nccl"))),
+        ("copies", stepped.filter(pl.col("in_copies"))),
+    )
+    for window, part in windows:
+        table = part.group_by("step").agg(aggregations)
+        columns = {name: table[name].to_list() for name in table.columns}
+        for i, position in enumerate(columns.pop("step")):
+            entry = out.setdefault(int(position), {"samples": 0, "step": {}, "nccl": {}, "copies": {}})
+            samples = columns["samples"][i]
+            if window == "step":
+                entry["samples"] = samples
+            stats = entry[window]
+            for key, values in columns.items():
+                if key == "samples":
+                    continue
+                name, stat = key.split("|")
+                value = values[i]
+                stats.setdefault(name, {})[stat] = None if value is None else round(float(value), 3)
     return out
 
 
