@@ -145,6 +145,15 @@ def _child(code: str, paths: list[Path]) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=10_000_000, help="lines in all (two ranks)")
@@ -180,6 +189,11 @@ def main() -> None:
         plain = _child(JSON_LOADS, json_paths)
         print("json.loads:", plain, flush=True)
     doc = {
+        # Provenance, copied into bench/RESULTS.md by run_bench.py (inspector_stream_section).
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "traceguard_git": _git("rev-parse", "--short", "HEAD"),
+        "traceguard_git_dirty": bool(_git("status", "--porcelain", "--", "traceguard")),
+        "cpus": os.cpu_count(),
         "lines": args.lines,
         "bytes": size,
         "make_s": made,

@@ -579,7 +579,45 @@ def fmt_rows(block: dict) -> str:
     return f"{rows['traceEvents'] / 1e6:.2f} M events ({block['size_mb']} MB)"
 
 
-def write_markdown(res: dict, path: Path) -> None:
+#: The streaming benchmark of NCCL Inspector logs (bench/inspector_stream.py), run apart by hand.
+INSPECTOR_STREAM = HERE / "inspector_stream.json"
+
+
+def inspector_stream_section(source: Path = INSPECTOR_STREAM) -> list[str]:
+    """RESULTS.md's section on streaming NCCL Inspector logs: the numbers of
+    ``bench/inspector_stream.json`` as they are (not measured by this script); none if it is absent."""
+    try:
+        doc = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return []
+    ours, plain = doc["traceguard"], doc["json_loads"]
+    git = doc.get("traceguard_git") or "n/a"
+    if doc.get("traceguard_git_dirty"):
+        git += " + uncommitted changes"
+    return [
+        "",
+        "## Streaming NCCL Inspector logs",
+        "",
+        f"Copied from `bench/{source.name}` (`bench/inspector_stream.py`, run apart; details in "
+        f"`bench/INSPECTOR_STREAM.md`): measured {doc.get('date_utc') or 'n/a'} UTC, traceguard git {git}, "
+        f"{doc.get('cpus') or '?'} CPUs. Input: {doc['lines']:,} Inspector JSON lines "
+        f"({doc['bytes'] / 1e9:.2f} GB, two ranks, a scaled copy of real dumps). Each reader in a fresh process; "
+        "peak RSS is the process's own.",
+        "",
+        "| reader | lines | wall s | lines/s | peak RSS MB |",
+        "|---|---|---|---|---|",
+        f"| traceguard `read_inspector` (compact rows kept) | {ours['lines']:,} | {ours['read_s']:.1f} | "
+        f"**{ours['lines_per_s']:,.0f}** | {ours['peak_rss_after_read_mb']:,.0f} |",
+        f"| plain `json.loads` per line (nothing kept) | {plain['lines']:,} | {plain['read_s']:.1f} | "
+        f"{plain['lines_per_s']:,.0f} | {plain['peak_rss_mb']:,.0f} |",
+        f"| traceguard `analyse_inspector` on those rows | {ours['lines']:,} | {ours['analyse_s']:.1f} | "
+        f"{ours['lines'] / ours['analyse_s']:,.0f} | {ours['peak_rss_mb']:,.0f} (whole process) |",
+        "",
+        f"traceguard's reader: {ours['lines_per_s'] / plain['lines_per_s']:.2f}× the lines a second of `json.loads`.",
+    ]
+
+
+def write_markdown(res: dict, path: Path, *, inspector_stream: Path = INSPECTOR_STREAM) -> None:
     m = res["machine"]
     lines = [
         "# traceguard benchmark results",
@@ -671,8 +709,8 @@ def write_markdown(res: dict, path: Path) -> None:
         "Other processes running on the machine during the run raise the 1-minute load average "
         "recorded per run in `results.json` (`loadavg_1m_before`); on 2 CPUs anything above ~0.5 "
         "before a run means the timing is pessimistic.",
-        "",
     ]
+    lines += [*inspector_stream_section(inspector_stream), ""]
     path.write_text("\n".join(lines))
 
 

@@ -156,7 +156,7 @@ def test_recognised_by_content(tmp_path: Path) -> None:
 
 
 #: The Prometheus textfile form, as inspector_prom.cc writes it (its snprintf formats; the label
-#: values are the plugin README's own example). Not a real dump: none is in the fixtures yet.
+#: values are the plugin README's own example). Real dumps: tests/ingest/test_nccl_inspector_h200x2.py.
 PROM_FROM_PLUGIN_FORMAT = """\
 nccl_bus_bandwidth_gbs{version="v5.1",slurm_job_id="unknown",node="nvl72004-T01",gpu="GPU0",comm_name="DP Group 0",n_nodes="1",nranks="4",collective="AllReduce",message_size="4-5GB",algo_proto="Ring_ll"} 678.263
 nccl_collective_exec_time_microseconds{version="v5.1",slurm_job_id="unknown",node="nvl72004-T01",gpu="GPU0",comm_name="DP Group 0",n_nodes="1",nranks="4",collective="AllReduce",message_size="4-5GB",algo_proto="Ring_ll"} 9498.47
@@ -181,7 +181,7 @@ def test_prometheus_textfile_in_the_plugins_format(tmp_path: Path) -> None:
 
 
 #: The plugin README's verbose example (NVIDIA's, ../shared/device/nccl-inspector-src.tar.gz), written
-#: on one line as the plugin writes it. No verbose dump is in the fixtures yet.
+#: on one line as the plugin writes it. Real verbose dumps: tests/fixtures/h200x2_inspector.
 VERBOSE_FROM_PLUGIN_README = {
     "header": {"id": "0xe62dedaa97644a", "rank": 4, "n_ranks": 8, "nnodes": 1},
     "metadata": {

@@ -25,10 +25,16 @@ middle of a file is skipped and counted. Files whose ``inspector_output_format_v
 major other than :data:`FORMAT_MAJOR` are refused (:class:`UnsupportedFormatError`).
 
 With ``NCCL_INSPECTOR_PROM_DUMP=1`` the plugin writes instead one Prometheus textfile per GPU
-(``nccl_inspector_metrics_<GPU-UUID>.prom``), rewritten every dump interval: per label set
-(communicator name, collective, message-size bucket, algorithm_protocol, ...), the mean execution
-time and the geometric-mean bus bandwidth of the operations since the previous dump. It has no
-sequence numbers, so it can only be summarised, not matched across ranks (:func:`read_prom`).
+(``nccl_inspector_metrics_<GPU UUID without "GPU-">.prom``), rewritten every dump interval (30 s at
+least) and deleted when the process ends: per label set (communicator name, collective,
+message-size bucket, algorithm_protocol, ...), the mean execution time and the geometric-mean bus
+bandwidth of the operations since the previous dump. Its ``gpu`` label is the process's CUDA
+ordinal (``GPU0`` in every process that sees one GPU), so the GPU is told by the UUID in the file
+name. It has no sequence numbers, so it can only be summarised, not matched across ranks
+(:func:`read_prom`). Copies taken while the job runs (``..._t051.prom`` or ``....prom_t051``: the
+seconds since the start) are read as snapshots of their GPU's file: a copy identical to the
+previous one of the same GPU (the plugin had not rewritten it yet) is read once
+(:func:`read_inspector`).
 """
 
 from __future__ import annotations
@@ -133,6 +139,8 @@ class InspectorFile:
     comms: pl.DataFrame | None = None
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
+    #: A Prometheus snapshot identical to an earlier one of the same GPU: that one's path (read once).
+    same_as: str | None = None
 
 
 @dataclass
@@ -419,9 +427,11 @@ def read_inspector_json(
 # Prometheus textfile
 
 PROM_SCHEMA = {
-    "version": pl.String,
+    "version": pl.String,  # the plugin's "v<profiler interface>.<prom format minor>", e.g. "v5.1"
+    "slurm_job_id": pl.String,  # "unknown" outside Slurm
     "node": pl.String,
-    "gpu": pl.String,
+    "gpu": pl.String,  # "GPU<CUDA ordinal in the process>": not unique across processes
+    "gpu_uuid": pl.String,  # from the file name (nccl_inspector_metrics_<UUID>.prom), else null
     "comm_name": pl.String,
     "n_nodes": pl.Int32,
     "n_ranks": pl.Int32,
@@ -432,7 +442,22 @@ PROM_SCHEMA = {
     "exec_mean_us": pl.Float64,  # mean execution time since the previous dump
     "busbw_gm_gbps": pl.Float64,  # geometric mean bus bandwidth since the previous dump
     "path": pl.String,
+    "snapshot_s": pl.Int64,  # a copy's _tNNN suffix (s since the copying began), else null
+    "latest": pl.Boolean,  # the last distinct snapshot of its GPU's file (read_inspector)
 }
+#: The plugin's file name, and a copy's suffix (``_t051.prom`` or ``.prom_t051``, optionally .gz).
+_PROM_NAME = re.compile(r"^nccl_inspector_metrics_(?P<uuid>.+?)(?:_t(?P<t1>\d+))?\.prom(?:_t(?P<t2>\d+))?(?:\.gz)?$")
+
+
+def prom_name(name: str) -> tuple[str | None, int | None]:
+    """A Prometheus file's GPU UUID and snapshot second from its name (either may be None)."""
+    match = _PROM_NAME.match(name)
+    if not match:
+        return None, None
+    second = match.group("t1") or match.group("t2")
+    return match.group("uuid"), int(second) if second is not None else None
+
+
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -452,8 +477,10 @@ def parse_prom(text: str, *, shown: str = "") -> pl.DataFrame:
             key,
             {
                 "version": tags.get("version"),
+                "slurm_job_id": tags.get("slurm_job_id"),
                 "node": tags.get("node"),
                 "gpu": tags.get("gpu"),
+                "gpu_uuid": None,
                 "comm_name": tags.get("comm_name"),
                 "n_nodes": _int(tags.get("n_nodes")),
                 "n_ranks": _int(tags.get("nranks")),
@@ -464,6 +491,8 @@ def parse_prom(text: str, *, shown: str = "") -> pl.DataFrame:
                 "exec_mean_us": None,
                 "busbw_gm_gbps": None,
                 "path": shown,
+                "snapshot_s": None,
+                "latest": True,
             },
         )
         try:
@@ -496,6 +525,8 @@ def read_prom(path: Path, *, shown: str | None = None) -> tuple[InspectorFile, p
     frame = parse_prom(raw.decode("utf-8", errors="replace"), shown=shown)
     if frame.height == 0:
         raise InputError(f"{shown}: no NCCL Inspector Prometheus sample could be read")
+    uuid, second = prom_name(path.name)
+    frame = frame.with_columns(pl.lit(uuid, pl.String).alias("gpu_uuid"), pl.lit(second, pl.Int64).alias("snapshot_s"))
     record.lines = frame.height
     versions = sorted({v for v in frame["version"].to_list() if v})
     record.version = versions[0] if versions else None
@@ -543,12 +574,12 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
     cannot be read is a record with ``error``; the others still count."""
     files: list[InspectorFile] = []
     ops: list[pl.DataFrame] = []
-    proms: list[pl.DataFrame] = []
+    proms: list[tuple[Path, InspectorFile, pl.DataFrame]] = []
     for path in paths:
         try:
             if is_prom_file(path):
                 record, frame = read_prom(path)
-                proms.append(frame)
+                proms.append((path, record, frame))
             else:
                 record, frame = read_inspector_json(path, block_bytes=block_bytes)
                 ops.append(frame)
@@ -561,7 +592,7 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
     ranks = process_ranks(pl.concat(known) if known else _comms(empty_ops()))
     data = InspectorData(
         ops=every,
-        prom=pl.concat(proms, how="vertical") if proms else pl.DataFrame(schema=PROM_SCHEMA),
+        prom=_snapshots(proms),
         files=files,
         ranks=ranks,
     )
@@ -578,6 +609,40 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
                 record.warnings.append(warn)
                 break
     return data
+
+
+def _snapshots(proms: list[tuple[Path, InspectorFile, pl.DataFrame]]) -> pl.DataFrame:
+    """The Prometheus files' rows, snapshot by snapshot. Files of one GPU (the UUID in the name; a
+    file without one is its own) are taken in snapshot order (the _tNNN suffix, else the file's
+    modification time); a snapshot whose rows equal the previous distinct one's is a copy taken
+    before the plugin rewrote the file: its record gets ``same_as`` and its rows are left out.
+    ``latest`` marks the rows of each GPU's last distinct snapshot."""
+    groups: dict[str, list[tuple[Path, InspectorFile, pl.DataFrame]]] = {}
+    for item in proms:
+        uuid = item[2]["gpu_uuid"][0]
+        groups.setdefault(uuid if uuid is not None else str(item[0]), []).append(item)
+    kept: list[pl.DataFrame] = []
+    for items in groups.values():
+
+        def order(item: tuple[Path, InspectorFile, pl.DataFrame]) -> tuple[float, str]:
+            second = item[2]["snapshot_s"][0]
+            if second is None:
+                try:
+                    second = item[0].stat().st_mtime
+                except OSError:
+                    second = 0.0
+            return float(second), item[0].name
+
+        distinct: list[tuple[InspectorFile, pl.DataFrame]] = []
+        for _, record, frame in sorted(items, key=order):
+            content = frame.drop("path", "snapshot_s", "latest")
+            if distinct and content.equals(distinct[-1][1].drop("path", "snapshot_s", "latest")):
+                record.same_as = distinct[-1][0].path
+                continue
+            distinct.append((record, frame))
+        last = len(distinct) - 1
+        kept += [frame.with_columns(pl.lit(i == last).alias("latest")) for i, (_, frame) in enumerate(distinct)]
+    return pl.concat(kept, how="vertical") if kept else pl.DataFrame(schema=PROM_SCHEMA)
 
 
 def is_prom_file(path: Path) -> bool:

@@ -20,11 +20,16 @@ bus bandwidth on transfer time of the matched instances (below).
    members is the *transfer* (the last rank to arrive waited for nobody) and each rank's
    ``wait`` = its execution time − transfer. ``nccl_wait_ns`` / ``nccl_transfer_ns`` sum them;
    ``nccl_wait_share`` = Σ wait ÷ Σ execution time.
-3. *Arrival and the late rank*: with verbose dumps (``NCCL_INSPECTOR_DUMP_VERBOSE=1``) a rank's
-   arrival is its first channel's kernel start (the host clock of the process, µs: ranks on one host
-   share it; across hosts it is as good as their NTP/PTP sync); otherwise it is inferred from the
-   split (arrival = common end − execution time, so the rank with the shortest execution time
-   arrived last). *Lateness* = arrival − the earliest member's arrival. The *last to arrive* is the
+3. *Arrival and the late rank*: inferred from the split (arrival = common end − execution time, so
+   the rank with the shortest execution time arrived last) when every matched line's execution
+   time is GPU-timed (``coll_timing_source`` ``kernel_gpu``), verbose or not. The verbose dump's
+   per-channel ``kernel_start_ts`` is the host's wall clock when the plugin *saw* the channel
+   start, not the GPU's: on the real 2×H200 runs (tests/fixtures/h200x2_inspector, h200x2_links)
+   it trails or leads the GPU start by 10 µs typically and by up to ~350 µs, where the execution
+   times agree with nsys's kernel durations to ~5 µs. So the kernel starts are the arrival only
+   when the execution times are host-timed (``kernel_cpu`` / ``collective_cpu``); otherwise they
+   are compared with the split (``arrival_check``: how often both name the same last rank, and
+   how far their lateness differs). *Lateness* = arrival − the earliest member's arrival. The *last to arrive* is the
    member with the greatest lateness, unless every member arrived within :data:`TOGETHER_NS` (or
    :data:`TOGETHER_SHARE` of the transfer time, whichever is more) of the first: the µs resolution
    and launch jitter make smaller differences noise, and such an instance has no last rank.
@@ -54,6 +59,8 @@ from traceguard.ingest.nccl_inspector import InspectorData
 TOGETHER_NS = 10_000
 #: ... or up to this share of the instance's transfer time, whichever is more.
 TOGETHER_SHARE = 0.02
+#: arrival_check: instances whose last rank (by the split) is later than this (ns) are "clear".
+CLEAR_NS = 50_000
 #: Length of a time window (s).
 WINDOW_S = 60
 #: Collective types preferred for p2p_utilization (the rule's all-reduce); else the largest of any.
@@ -88,6 +95,8 @@ class InspectorResult:
     notes: list[str] = field(default_factory=list)
     #: How arrivals were found: "kernel start (verbose)" | "shortest execution time" | None.
     arrival_source: str | None = None
+    #: Verbose lines with GPU-timed executions: the kernel starts' arrivals against the split's.
+    arrival_check: dict[str, Any] | None = None
     window_s: int = WINDOW_S
     window_time: str | None = None
 
@@ -121,9 +130,16 @@ def analyse_inspector(
             "processes": [{"host": h, "pid": p} for h, p in f.processes],
             "warnings": f.warnings,
             "error": f.error,
+            "same_as": f.same_as,
         }
         for f in data.files
     ]
+    repeats = sum(1 for f in data.files if f.same_as)
+    if repeats:
+        result.notes.append(
+            f"{repeats} Prometheus snapshot(s) repeat the previous one of their GPU (copied before the plugin "
+            "rewrote its file: it does so every 30 s at most) and were read once"
+        )
     result.prom = data.prom.to_dicts() if data.prom.height else []
     ops = with_ranks(data)
     m, null = result.metrics, result.null_reasons
@@ -154,9 +170,11 @@ def analyse_inspector(
         return result
     keys = ["comm_id", "coll", "coll_sn"]
     verbose = colls["start_us"].null_count() == 0
-    result.arrival_source = "kernel start (verbose)" if verbose else "shortest execution time"
+    gpu_timed = bool((colls["timing_source"].cast(pl.String) == "kernel_gpu").fill_null(False).all())
+    starts = verbose and not gpu_timed
+    result.arrival_source = "kernel start (verbose)" if starts else "shortest execution time"
     result.window_time = "first kernel start" if verbose else "dump timestamp"
-    # Arrival: the first kernel start (ns), or relative to a common end: −execution time.
+    # Arrival: relative to a common end, −execution time; or the first kernel start (ns).
     colls = colls.select(
         *keys,
         "rank",
@@ -165,8 +183,9 @@ def analyse_inspector(
         "exec_ns",
         "msg_bytes",
         "busbw_gbps",
-        ((pl.col("start_us") * 1000) if verbose else -pl.col("exec_ns")).alias("arrival"),
+        ((pl.col("start_us") * 1000) if starts else -pl.col("exec_ns")).alias("arrival"),
         pl.col("start_us" if verbose else "dump_us").alias("at_us"),
+        *([(pl.col("start_us") * 1000).alias("_start")] if verbose and not starts else []),
     )
     # One pass over the lines for every per-instance figure (one group-by, not a window per figure).
     instances = colls.group_by(keys).agg(
@@ -220,6 +239,8 @@ def analyse_inspector(
         )
     )
     _split(result, calls, data)
+    if verbose and not starts:
+        _arrival_check(result, colls, matched, keys)
     _windows(result, matched)
     _transfer_table(result, matched, colls)
     _late(result, matched)
@@ -300,6 +321,45 @@ def _split(result: InspectorResult, calls: pl.DataFrame, data: InspectorData) ->
     m["nccl_wait_share"] = wait / (wait + transfer) if wait + transfer else None
     if m["nccl_wait_share"] is None:
         result.null_reasons["nccl_wait_share"] = "the matched collectives took no execution time"
+
+
+def _arrival_check(result: InspectorResult, colls: pl.DataFrame, matched: pl.DataFrame, keys: list[str]) -> None:
+    """The verbose kernel starts against the split, on the matched instances: per instance, whether
+    both name the same last rank (or none, by the same tolerance), and per member the difference of
+    its lateness by kernel start and by execution time."""
+    tolerance = pl.max_horizontal(pl.lit(TOGETHER_NS), (pl.col("transfer_ns") * TOGETHER_SHARE).cast(pl.Int64))
+    rows = colls.select(*keys, "rank", "arrival", "_start").join(
+        matched.select(*keys, "transfer_ns", "first_arrival", "last_rank", "has_last"), on=keys, how="inner"
+    )
+    rows = rows.with_columns(
+        (pl.col("arrival") - pl.col("first_arrival")).alias("_late_split"),
+        (pl.col("_start") - pl.col("_start").min().over(keys)).alias("_late_start"),
+    )
+    per = rows.group_by(keys).agg(
+        pl.col("last_rank").first(),
+        pl.col("has_last").first(),
+        pl.col("rank").get(pl.col("_start").arg_max()).alias("_last_start"),
+        (pl.col("_late_start").max() > tolerance.first()).alias("_has_start"),
+    )
+    same = (pl.col("has_last") == pl.col("_has_start")) & (
+        ~pl.col("has_last") | (pl.col("last_rank") == pl.col("_last_start"))
+    )
+    agree = int(per.select(same.sum()).item())
+    # Instances where the split's last rank is clearly last: the host-observed starts agree there.
+    clear = matched.filter(pl.col("last_arrival") - pl.col("first_arrival") > CLEAR_NS).select(keys)
+    clear_per = per.join(clear, on=keys, how="semi")
+    diff = (rows["_late_start"] - rows["_late_split"]).abs()
+    result.arrival_check = {
+        "instances": per.height,
+        "same_last_rank": agree,
+        "different_last_rank": per.height - agree,
+        "clear_instances": clear_per.height,
+        "clear_same_last_rank": int(clear_per.select(same.sum()).item()),
+        "lateness_diff_median_ns": float(diff.median()),  # type: ignore[arg-type]
+        "lateness_diff_p95_ns": float(diff.quantile(0.95, "nearest")),  # type: ignore[arg-type]
+        "lateness_diff_max_ns": int(diff.max()),  # type: ignore[arg-type]
+        "from": "kernel_start_ts (host wall clock when the plugin saw the first channel start) against the split",
+    }
 
 
 def _windows(result: InspectorResult, matched: pl.DataFrame) -> None:

@@ -18,6 +18,7 @@ def inspector_document(result: Any) -> dict[str, Any] | None:
     return {
         "metrics": {**result.metrics, "null_reasons": dict(result.null_reasons)},
         "arrival_source": result.arrival_source,
+        "arrival_check": result.arrival_check,
         "window_s": result.window_s,
         "window_time": result.window_time,
         "late_rank": result.late,
@@ -60,6 +61,15 @@ def inspector_section(doc: dict[str, Any]) -> list[str]:
             f"time of an instance's ranks; the rest of each rank's time is waiting: **{pct(m['nccl_wait_share'])}** "
             f"of the collectives' time waits for the last rank. Arrivals from: {section['arrival_source']}."
         )
+        check = section.get("arrival_check")
+        if check:
+            lines.append(
+                f"Verbose kernel starts (host wall clock when the plugin saw a channel start) against the split: "
+                f"the same last rank at {check['same_last_rank']} of {check['instances']} instances "
+                f"({check['clear_same_last_rank']} of {check['clear_instances']} where the last rank is > 50 µs late); "
+                f"lateness differs by {check['lateness_diff_median_ns'] / 1e3:.0f} µs median, "
+                f"{check['lateness_diff_max_ns'] / 1e3:.0f} µs at most."
+            )
         late = section.get("late_rank")
         if late:
             lines.append(
