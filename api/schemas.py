@@ -410,3 +410,66 @@ class LinkTables(BaseModel):
     link_steps: list[StepLinkRow] = Field(
         default_factory=list, description="per rank and step: PCIe and NVLink load over the step and its NCCL kernels"
     )
+
+
+class InspectorWindowRow(BaseModel):
+    """One stored time window of the run's NCCL Inspector logs (docs/inspector.md): the collectives
+    matched on all their ranks whose time falls in it, across ranks."""
+
+    window_start_s: int = Field(description="the window's start, s since the epoch (UTC)")
+    window_s: int = Field(description="the window's length, s (the profile's inspector_window_s)")
+    instances: int = Field(description="collective instances matched on all their ranks")
+    lines: int | None = Field(
+        description="the Inspector lines of those instances (what a later upload must exceed to replace the window); "
+        "null on rows stored before it was kept"
+    )
+    wait_ns: int = Field(description="Σ over the members of each instance: its execution time − the transfer")
+    transfer_ns: int = Field(description="Σ over the members: the instance's transfer (its shortest execution time)")
+    nccl_wait_share: float | None = Field(description="wait ÷ (wait + transfer)")
+    late_rank: int | None = Field(description="the rank last to arrive most often in the window; null if none was")
+    last_arrivals: int = Field(description="instances with a last rank (the others' members arrived together)")
+    bytes: int | None = Field(description="Σ message bytes over the members")
+    busbw_transfer_median_gbps: float | None = Field(description="median bus bandwidth on transfer time, GB/s")
+
+
+class InspectorRankRow(BaseModel):
+    """One rank's part of the Inspector's split over the latest analysis."""
+
+    rank: int
+    host: str | None
+    pid: int | None
+    collective_instances_matched: int
+    nccl_wait_ns: int
+    nccl_transfer_ns: int
+    nccl_wait_share: float | None
+    last_arrivals: int = Field(description="matched instances it arrived last at")
+    median_late_ns: float | None = Field(description="median lateness when it arrived last")
+
+
+class InspectorSummary(BaseModel):
+    """The run-level Inspector figures of the latest analysis (the report's ``inspector`` section)."""
+
+    nccl_wait_ns: int | None
+    nccl_transfer_ns: int | None
+    nccl_wait_share: float | None
+    late_rank: int | None
+    late_rank_share: float | None = Field(description="of the instances with a last rank, the late rank's share")
+    collective_instances_matched: int | None
+    collective_instances_unmatched: int | None
+    matched_steps: int | None = Field(description="windows with matched instances in that analysis")
+    inspector_lines: int | None
+    arrival_source: str | None
+    window_time: str | None = Field(description="what places an instance in a window: dump timestamp or kernel start")
+    null_reasons: dict[str, str] = Field(default_factory=dict)
+    ranks: list[InspectorRankRow] = Field(default_factory=list)
+
+
+class InspectorTables(BaseModel):
+    run_id: int
+    window_s: int | None = Field(description="the stored windows' length, s; null when none is stored")
+    windows: list[InspectorWindowRow] = Field(
+        description="the stored windows, oldest first: merged across uploads (a long job's trend)"
+    )
+    summary: InspectorSummary | None = Field(
+        description="the latest analysis's run-level figures; null when it had no Inspector logs"
+    )

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from api.schemas import (
     CollectiveTypeRow,
     FilePublic,
+    InspectorRankRow,
+    InspectorSummary,
+    InspectorWindowRow,
     JobError,
     JobPublic,
     PeerRow,
@@ -20,7 +24,18 @@ from api.schemas import (
     TokenPublic,
 )
 from traceguard.store.results import LINK_RANK_COLUMNS, LINK_STEP_COLUMNS, WAIT_STEP_COLUMNS
-from traceguard.store.tables import CollectiveType, File, Job, PeerTraffic, Phase, RankResult, Run, Step, Token
+from traceguard.store.tables import (
+    CollectiveType,
+    File,
+    InspectorWindow,
+    Job,
+    PeerTraffic,
+    Phase,
+    RankResult,
+    Run,
+    Step,
+    Token,
+)
 
 
 def job_public(job: Job) -> JobPublic:
@@ -153,4 +168,46 @@ def token_public(t: Token) -> TokenPublic:
         created_at=t.created_at,
         last_used_at=t.last_used_at,
         revoked_at=t.revoked_at,
+    )
+
+
+def inspector_window_row(w: InspectorWindow) -> InspectorWindowRow:
+    return InspectorWindowRow.model_validate(w, from_attributes=True)
+
+
+def inspector_summary(section: dict[str, Any] | None, rank: int | None = None) -> InspectorSummary | None:
+    """The report's ``inspector`` section → its run-level figures (``rank``: that rank's row only)."""
+    if not section:
+        return None
+    metrics = section.get("metrics") or {}
+    late = section.get("late_rank") or {}
+    rows = [
+        InspectorRankRow(
+            rank=r["rank"],
+            host=r.get("host"),
+            pid=r.get("pid"),
+            collective_instances_matched=r["collective_instances_matched"],
+            nccl_wait_ns=r["nccl_wait_ns"],
+            nccl_transfer_ns=r["nccl_transfer_ns"],
+            nccl_wait_share=r.get("nccl_wait_share"),
+            last_arrivals=(r.get("last_arrivals") or {}).get("count") or 0,
+            median_late_ns=(r.get("last_arrivals") or {}).get("median_late_ns"),
+        )
+        for r in section.get("ranks") or []
+        if rank is None or r["rank"] == rank
+    ]
+    return InspectorSummary(
+        nccl_wait_ns=metrics.get("nccl_wait_ns"),
+        nccl_transfer_ns=metrics.get("nccl_transfer_ns"),
+        nccl_wait_share=metrics.get("nccl_wait_share"),
+        late_rank=metrics.get("late_rank"),
+        late_rank_share=late.get("share"),
+        collective_instances_matched=metrics.get("collective_instances_matched"),
+        collective_instances_unmatched=metrics.get("collective_instances_unmatched"),
+        matched_steps=metrics.get("matched_steps"),
+        inspector_lines=metrics.get("inspector_lines"),
+        arrival_source=section.get("arrival_source"),
+        window_time=section.get("window_time"),
+        null_reasons=dict(metrics.get("null_reasons") or {}),
+        ranks=rows,
     )

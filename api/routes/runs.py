@@ -15,6 +15,7 @@ from api.schemas import (
     CollectiveRow,
     Comparison,
     ConnectionRow,
+    InspectorTables,
     LinkTables,
     PhaseHit,
     PhaseList,
@@ -29,6 +30,8 @@ from api.streaming import Received, parse_rank, receive_upload
 from api.views import (
     collective_type_row,
     file_public,
+    inspector_summary,
+    inspector_window_row,
     job_public,
     peer_row,
     rank_link_row,
@@ -141,7 +144,13 @@ def get_one_run(run_id: int, who: Reader, session: SessionDep) -> RunDetail:
 
 
 def _store_upload(
-    ctx: Context, run_id: int, project_id: int, received: Received, analyze: bool, profile: str | None
+    ctx: Context,
+    run_id: int,
+    project_id: int,
+    received: Received,
+    analyze: bool,
+    profile: str | None,
+    kinds: tuple[str, ...] | None = None,
 ) -> tuple[UploadResult, int]:
     with transaction(ctx.factory) as session:
         run = get_run(session, project_id, run_id)
@@ -149,7 +158,7 @@ def _store_upload(
             raise not_found(f"run {run_id}")
         files, duplicates, skipped = [], [], []
         for item in received.files:
-            intake = receive(ctx, session, run, item.writer, name=item.name, rank=item.rank)
+            intake = receive(ctx, session, run, item.writer, name=item.name, rank=item.rank, kinds=kinds)
             for row, created in intake.files:
                 files.append(row)
                 if not created:
@@ -170,34 +179,76 @@ def _store_upload(
         )
 
 
-@router.post(
-    "/runs/{run_id}/files",
-    status_code=202,
-    responses={
-        **ERRORS,
-        201: {"description": "stored, no analysis asked for", "model": UploadResult},
-        413: {"description": "over the size limit"},
-        415: {"description": "not a kind of file traceguard reads"},
-        422: {"description": "damaged or unsafe content"},
-    },
-    openapi_extra={
+UPLOAD_RESPONSES = {
+    **ERRORS,
+    201: {"description": "stored, no analysis asked for", "model": UploadResult},
+    413: {"description": "over the size limit"},
+    415: {"description": "not a kind of file traceguard reads"},
+    422: {"description": "damaged or unsafe content"},
+}
+
+
+def _upload_body(rank: bool) -> dict:
+    fields: dict = {"file": {"type": "array", "items": {"type": "string", "format": "binary"}}}
+    if rank:
+        fields = {"rank": {"type": "integer", "description": "rank of the file parts that follow"}, **fields}
+    return {
         "requestBody": {
             "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "rank": {"type": "integer", "description": "rank of the file parts that follow"},
-                            "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
-                        },
-                    }
-                },
+                "multipart/form-data": {"schema": {"type": "object", "properties": fields}},
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             },
             "required": True,
         }
-    },
-)
+    }
+
+
+async def _upload(
+    run_id: int,
+    request: Request,
+    who: Uploader,
+    ctx: ContextDep,
+    pool: PoolDep,
+    *,
+    name: str | None,
+    rank: int | None,
+    analyze: bool,
+    profile: str | None,
+    kinds: tuple[str, ...] | None = None,
+) -> JSONResponse:
+    if profile is not None:
+        check_profile(profile)
+    with ctx.factory() as session:
+        _visible(session, who.project_id, run_id)  # 404 before reading any body
+    received = await receive_upload(
+        request,
+        ctx.blobs,
+        file_limit=ctx.settings.max_file_bytes,
+        request_limit=ctx.settings.max_request_bytes,
+        name=name,
+        rank=rank,
+    )
+    metrics = request.app.state.metrics
+    try:
+        result, size = await run_in_threadpool(
+            _store_upload, ctx, run_id, who.project_id, received, analyze, profile, kinds
+        )
+    except Exception:
+        metrics.uploads.labels("refused").inc(len(received.files))
+        raise
+    finally:
+        received.discard()
+    metrics.uploads.labels("stored").inc(len(result.files))
+    metrics.upload_bytes.inc(size)
+    headers = {}
+    if result.job is not None:
+        headers["Location"] = result.job.url
+        if pool is not None:
+            pool.wake()
+    return JSONResponse(result.model_dump(mode="json"), status_code=202 if result.job else 201, headers=headers)
+
+
+@router.post("/runs/{run_id}/files", status_code=202, responses=UPLOAD_RESPONSES, openapi_extra=_upload_body(True))
 async def upload_files(
     run_id: int,
     request: Request,
@@ -216,34 +267,32 @@ async def upload_files(
     a whole run bundle as .tar, .tar.gz or .zip. The same bytes uploaded again are not stored
     twice. Analysis starts at once as a background job (202 with the job's URL) unless
     ``analyze=false`` (201)."""
-    if profile is not None:
-        check_profile(profile)
-    with ctx.factory() as session:
-        _visible(session, who.project_id, run_id)  # 404 before reading any body
-    received = await receive_upload(
-        request,
-        ctx.blobs,
-        file_limit=ctx.settings.max_file_bytes,
-        request_limit=ctx.settings.max_request_bytes,
-        name=name,
-        rank=parse_rank(rank),
+    return await _upload(
+        run_id, request, who, ctx, pool, name=name, rank=parse_rank(rank), analyze=analyze, profile=profile
     )
-    metrics = request.app.state.metrics
-    try:
-        result, size = await run_in_threadpool(_store_upload, ctx, run_id, who.project_id, received, analyze, profile)
-    except Exception:
-        metrics.uploads.labels("refused").inc(len(received.files))
-        raise
-    finally:
-        received.discard()
-    metrics.uploads.labels("stored").inc(len(result.files))
-    metrics.upload_bytes.inc(size)
-    headers = {}
-    if result.job is not None:
-        headers["Location"] = result.job.url
-        if pool is not None:
-            pool.wake()
-    return JSONResponse(result.model_dump(mode="json"), status_code=202 if result.job else 201, headers=headers)
+
+
+@router.post("/runs/{run_id}/inspector", status_code=202, responses=UPLOAD_RESPONSES, openapi_extra=_upload_body(False))
+async def upload_inspector(
+    run_id: int,
+    request: Request,
+    who: Uploader,
+    ctx: ContextDep,
+    pool: PoolDep,
+    name: str | None = None,
+    analyze: bool = True,
+) -> JSONResponse:
+    """Send a long job's NCCL Inspector logs as they grow: the plugin's ``<host>-pid<PID>.log``
+    files (plain or gzip, complete or still being written) or a tar/zip of its dump directory,
+    multipart or one raw body with ``?name=``. Only Inspector logs are taken (an archive's other
+    members are skipped and listed; a single file of another kind is refused, 415); each file's
+    first lines must parse with a format version traceguard reads (else 415/422, nothing stored).
+    The run is analysed again in the background (202 with the job's URL); its stored time windows
+    are merged, not replaced: a window not stored yet is added, a stored one is replaced only when
+    the logs now hold more of its lines. The same or an older copy sent again changes nothing."""
+    return await _upload(
+        run_id, request, who, ctx, pool, name=name, rank=None, analyze=analyze, profile=None, kinds=("nccl_inspector",)
+    )
 
 
 @router.post("/runs/{run_id}/analyze", status_code=202, responses=ERRORS)
@@ -445,4 +494,24 @@ def get_links(
         late_rank=next((r.rank for r in ranks if r.is_late_rank), None),
         link_counters=[rank_link_row(r) for r in ranks if rank is None or r.rank == rank],
         link_steps=[step_link_row(s) for s in results.query_steps(session, run.id, rank=rank, limit=results.MAX_ROWS)],
+    )
+
+
+@router.get("/runs/{run_id}/inspector", responses=ERRORS)
+def get_inspector(run_id: int, who: Reader, session: SessionDep, rank: int | None = None) -> InspectorTables:
+    """The run's NCCL Inspector time windows as stored, oldest first (per window: matched instances
+    and their lines, wait and transfer sums, wait share, late rank, last arrivals, bytes, median bus
+    bandwidth on transfer time; merged across uploads, docs/inspector.md), and the latest analysis's
+    run-level Inspector figures (wait / transfer split, late rank, matched / unmatched instances, per
+    rank). ``rank`` keeps that rank's row of the summary; the windows are across ranks (each names
+    its late rank), so they are all returned. No Inspector logs: no windows and a null summary."""
+    run = _visible(session, who.project_id, run_id)
+    windows = results.inspector_windows(session, run.id)
+    stored = results.latest_report(session, run)
+    section = stored.document.get("inspector") if stored is not None else None
+    return InspectorTables(
+        run_id=run.id,
+        window_s=windows[0].window_s if windows else None,
+        windows=[inspector_window_row(w) for w in windows],
+        summary=inspector_summary(section, rank),
     )

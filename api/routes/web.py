@@ -4,11 +4,13 @@ and each run's report with its charts."""
 from __future__ import annotations
 
 import html
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
 import plotly
+import plotly.graph_objects as go
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -24,7 +26,7 @@ from traceguard.report.units import value_h
 from traceguard.service.analysis import report_for
 from traceguard.store import access, results
 from traceguard.store.runs import RUN_STATUSES, get_run, list_runs, parse_label_filter, run_files, run_jobs
-from traceguard.store.tables import Project
+from traceguard.store.tables import InspectorWindow, Project
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent.parent / "templates"))
@@ -191,10 +193,77 @@ def run_page(
     header = templates.get_template("run_header.html").render(
         **context, collectives=present, collective=chosen_collective
     )
+    header += inspector_trend(results.inspector_windows(session, run.id))
     return HTMLResponse(
-        html_report.render(
-            doc, plotly_src="/static/plotly.min.js", header_html=header, collective=chosen_collective
+        html_report.render(doc, plotly_src="/static/plotly.min.js", header_html=header, collective=chosen_collective)
+    )
+
+
+def inspector_trend(windows: list[InspectorWindow]) -> str:
+    """The run's stored NCCL Inspector windows as a trend (merged across uploads, so a long job's
+    logs sent as they grow extend it): the wait share per window and the late rank per window, as a
+    chart (one point per window) and a table. Empty when the run has no windows."""
+    if not windows:
+        return ""
+    starts = [datetime.fromtimestamp(w.window_start_s, UTC).strftime("%Y-%m-%d %H:%M:%S") for w in windows]
+    share = [None if w.nccl_wait_share is None else 100 * w.nccl_wait_share for w in windows]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=starts,
+            y=share,
+            name="wait share (%)",
+            mode="lines+markers",
+            customdata=[[w.instances, w.wait_ns / 1e6, w.transfer_ns / 1e6] for w in windows],
+            hovertemplate="%{x} UTC: waiting %{y:.1f} % of the NCCL time<br>%{customdata[0]} instances, "
+            "wait %{customdata[1]:.1f} ms, transfer %{customdata[2]:.1f} ms<extra></extra>",
         )
+    )
+    late = [(start, w) for start, w in zip(starts, windows, strict=True) if w.late_rank is not None]
+    fig.add_trace(
+        go.Scatter(
+            x=[start for start, _ in late],
+            y=[w.late_rank for _, w in late],
+            name="late rank",
+            mode="markers+text",
+            text=[f"rank {w.late_rank}" for _, w in late],
+            textposition="top center",
+            marker={"symbol": "diamond", "size": 11},
+            yaxis="y2",
+            hovertemplate="%{x} UTC: rank %{y} arrived last most often<extra></extra>",
+        )
+    )
+    ranks = [w.late_rank for _, w in late] or [0]
+    fig.update_layout(
+        title=f"NCCL Inspector: wait share and late rank per {windows[0].window_s}-s window (UTC)",
+        height=340,
+        margin={"t": 60},
+        yaxis={"title": "wait share (%)", "range": [0, 105]},
+        yaxis2={
+            "title": "late rank",
+            "overlaying": "y",
+            "side": "right",
+            "dtick": 1,
+            "range": [min(ranks) - 0.5, max(ranks) + 0.5],
+            "showgrid": False,
+        },
+        legend={"orientation": "h", "y": -0.2},
+    )
+    rows = "".join(
+        f"<tr data-window='{w.window_start_s}'><td>{html.escape(start)}</td><td>{w.instances}</td>"
+        f"<td>{'' if w.lines is None else w.lines}</td>"
+        f"<td>{'' if pct is None else f'{pct:.1f} %'}</td>"
+        f"<td class='late-rank'>{'' if w.late_rank is None else w.late_rank}</td></tr>"
+        for w, start, pct in zip(windows, starts, share, strict=True)
+    )
+    return (
+        "<section id='inspector-trend-section'><h2>NCCL Inspector trend</h2>"
+        "<p class='muted'>Stored time windows, merged across uploads of the job's logs "
+        f"(<a href='/v1/runs/{windows[0].run_id}/inspector'>JSON</a>): the share of the NCCL time spent "
+        "waiting for the last rank, and the rank that arrived last most often.</p>"
+        + fig.to_html(full_html=False, include_plotlyjs=False, div_id="inspector-trend")
+        + "<table id='inspector-trend-table'><tr><th>window (UTC)</th><th>instances</th><th>lines</th>"
+        f"<th>wait share</th><th>late rank</th></tr>{rows}</table></section>"
     )
 
 

@@ -185,3 +185,22 @@ def test_a_later_distinct_snapshot_is_kept_and_marked_latest(tmp_path: Path) -> 
     assert (
         160.25 in latest["exec_mean_us"].to_list() and 160.25 not in data.prom.filter(~pl.col("latest"))["exec_mean_us"]
     )
+
+
+def test_a_log_sent_again_as_it_grew_is_read_once(tmp_path: Path) -> None:
+    """One process's log twice, an early copy (its first 300 lines, the last one cut mid-line as a
+    file still being written) beside the whole file: every line is read once, and the other
+    process's file is untouched. Counts from plain ``json.loads``."""
+    first, second = _files("slow_default")
+    lines = gzip.decompress(first.read_bytes()).splitlines(keepends=True)
+    early = tmp_path / "early.log"
+    early.write_bytes(b"".join(lines[:300]) + lines[300][:100])
+    whole = [json.loads(line) for path in (first, second) for line in gzip.decompress(path.read_bytes()).splitlines()]
+    data = read_inspector([early, first, second])
+    assert data.ops.height == len(whole) == 2 * 561
+    keys = data.ops.select("host", "pid", "comm_id", "coll", "coll_sn")
+    assert keys.unique().height == data.ops.height
+    assert data.ranks.height == 2
+    warned = [w for f in data.files for w in f.warnings if "read once" in w]
+    assert any(str(first) in w and str(early) in w for w in warned)
+    assert data.files[0].partial_tail_bytes == 100

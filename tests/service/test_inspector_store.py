@@ -19,7 +19,7 @@ from traceguard.store.results import inspector_windows
 
 FIXTURES = SHARED / "fixtures" / "nccl-inspector"
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures/nccl-inspector not present")
-COLUMNS = ("window_start_s", "instances", "wait_ns", "transfer_ns", "late_rank", "last_arrivals", "bytes")
+COLUMNS = ("window_start_s", "instances", "lines", "wait_ns", "transfer_ns", "late_rank", "last_arrivals", "bytes")
 
 
 @pytest.fixture(scope="module")

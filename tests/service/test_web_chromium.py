@@ -202,3 +202,65 @@ def test_a_running_job_shows_its_progress(browser, tmp_path: Path) -> None:  # n
         admin.close()
     finally:
         server.stop()
+
+
+def test_the_inspector_trend_of_a_run(browser, tmp_path: Path) -> None:  # noqa: F811
+    """A run whose NCCL Inspector logs (the real ``--slow-rank 1:30`` run, its dump directory
+    tarred) were sent to ``POST /v1/runs/{id}/inspector``: the page charts the stored windows, one
+    point per window, with the late rank of each (rank 1, the slowed one) on the chart and in the
+    table. Expected values from the report's JSON and the harness's ground truth."""
+    import io
+    import tarfile
+    import time
+
+    from tests.conftest import OWN
+
+    slow = OWN / "h200x2_inspector" / "slow_default"
+    tarred = io.BytesIO()
+    with tarfile.open(fileobj=tarred, mode="w") as tar:
+        for path in sorted((slow / "inspector").glob("*.log.gz")):
+            tar.add(path, arcname=f"inspector/{path.name}")
+    server = LiveServer(tmp_path / "data").start()
+    try:
+        admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"}, timeout=60)
+        run_id = admin.post("/v1/runs", json={"labels": {"job": "slow"}}).json()["id"]
+        sent = admin.post(f"/v1/runs/{run_id}/inspector", files=[("file", ("inspector.tar", tarred.getvalue()))])
+        assert sent.status_code == 202, sent.text
+        for _ in range(600):
+            if admin.get(sent.json()["job"]["url"]).json()["status"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.2)
+        report = admin.get(f"/v1/runs/{run_id}/report").json()
+        windows = report["inspector"]["windows"]
+        assert windows and all(w["late_rank"] == 1 for w in windows)  # the slowed rank
+        reader = admin.post("/v1/tokens", json={"scopes": ["read"], "name": "browser"}).json()["token"]
+        admin.close()
+
+        context = browser.new_context()
+        page = context.new_page()
+        problems = _watch(page)
+        page.goto(f"{server.url}/login")
+        page.fill("#token", reader)
+        page.click("#login button[type=submit]")
+        page.wait_for_url(f"{server.url}/runs")
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.wait_for_selector("#inspector-trend .main-svg")
+        # One point per stored window: in the chart's data and drawn as markers.
+        assert page.evaluate("document.getElementById('inspector-trend').data[0].x.length") == len(windows)
+        drawn = page.locator("#inspector-trend .scatterlayer .trace").first.locator(".points path")
+        assert drawn.count() == len(windows)
+        shares = page.evaluate("document.getElementById('inspector-trend').data[0].y")
+        assert shares == pytest.approx([100 * w["nccl_wait_share"] for w in windows])
+        # The late rank per window: its trace's points and labels, and the table.
+        assert page.evaluate("document.getElementById('inspector-trend').data[1].y") == [1] * len(windows)
+        assert page.locator("#inspector-trend .textpoint").all_text_contents() == ["rank 1"] * len(windows)
+        rows = page.locator("#inspector-trend-table tr[data-window]")
+        assert rows.count() == len(windows)
+        assert [int(rows.nth(i).get_attribute("data-window")) for i in range(rows.count())] == [
+            w["window_start_s"] for w in windows
+        ]
+        assert page.locator("#inspector-trend-table td.late-rank").all_inner_texts() == ["1"] * len(windows)
+        assert problems == []
+        context.close()
+    finally:
+        server.stop()

@@ -423,6 +423,48 @@ def read_inspector_json(
     return record, ops
 
 
+#: Bytes of text :func:`check_inspector_head` reads.
+HEAD_BYTES = 1 << 20
+
+
+def check_inspector_head(path: Path, *, head_bytes: int = HEAD_BYTES) -> None:
+    """An upload's check before it is kept: the first complete lines (about ``head_bytes`` of text)
+    of an Inspector JSON-lines file parse and carry a format version this reader knows. Raises
+    InputError when no line of that head can be read, UnsupportedFormatError on another format
+    major (messages without the path: the caller names the file). Prometheus textfiles pass (they
+    are summarised as they are)."""
+    if is_prom_file(path):
+        return
+    record = InspectorFile(path="", kind="json")
+    rows = None
+    try:
+        for block, is_tail in iter_blocks(path, head_bytes):
+            if is_tail:
+                try:
+                    json.loads(block)
+                except ValueError:
+                    break
+            rows = _parse_block(block, "", record)
+            break
+    except _Truncated:
+        pass
+    except OSError as exc:
+        raise InputError(f"cannot be read ({exc.strerror})") from exc
+    if rows is None or rows.height == 0:
+        raise InputError(
+            f"no complete NCCL Inspector line could be read in its first {max(1, head_bytes >> 20)} MiB",
+            hint="send the plugin's <host>-pid<PID>.log files (plain or gzip) as they are",
+        )
+    for version in rows["_version"].unique().to_list():
+        if format_major(version) != FORMAT_MAJOR:
+            found = f"format version {version!r}" if version else "no inspector_output_format_version"
+            raise UnsupportedFormatError(
+                f"NCCL Inspector output with {found}; traceguard reads format v{FORMAT_MAJOR}.x "
+                "(NCCL 2.28's inspector plugin)",
+                hint="use the plugin from the NCCL release the job ran with, or tell us the new format",
+            )
+
+
 # --------------------------------------------------------------------------------------------
 # Prometheus textfile
 
@@ -588,6 +630,7 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
             continue
         files.append(record)
     every = pl.concat(ops, how="vertical", rechunk=False) if ops else empty_ops()
+    every = _once(every, [f for f in files if f.kind == "json" and not f.error])
     known = [f.comms for f in files if f.comms is not None]
     ranks = process_ranks(pl.concat(known) if known else _comms(empty_ops()))
     data = InspectorData(
@@ -609,6 +652,37 @@ def read_inspector(paths: list[Path], *, block_bytes: int = BLOCK_BYTES) -> Insp
                 record.warnings.append(warn)
                 break
     return data
+
+
+#: What identifies one operation of one process: its line written twice is the same operation.
+OP_KEY = ("host", "pid", "comm_id", "p2p", "coll", "coll_sn", "peer")
+
+
+def _once(ops: pl.DataFrame, files: list[InspectorFile]) -> pl.DataFrame:
+    """The operations with each read once where a process's lines are in more than one file: the
+    same log sent again as it grew (an older, shorter copy beside the newer one), or sent in
+    pieces that overlap. Files of distinct processes (the usual case) are returned as they are,
+    with no copy."""
+    seen: dict[tuple[str, int], str] = {}
+    repeated: list[tuple[InspectorFile, str]] = []
+    for record in files:
+        for process in record.processes:
+            if process in seen:
+                repeated.append((record, seen[process]))
+                break
+        for process in record.processes:
+            seen.setdefault(process, record.path)
+    if not repeated:
+        return ops
+    once = ops.unique(subset=list(OP_KEY), keep="first", maintain_order=True)
+    for record, earlier in repeated:
+        record.warnings.append(
+            f"{record.path}: holds lines of a process also in {earlier} (a log sent again as it grew?): "
+            "each operation is read once"
+        )
+    if once.height < ops.height:
+        repeated[0][0].warnings.append(f"{ops.height - once.height} repeated line(s) were read once")
+    return once
 
 
 def _snapshots(proms: list[tuple[Path, InspectorFile, pl.DataFrame]]) -> pl.DataFrame:

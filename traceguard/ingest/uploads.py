@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from traceguard.errors import InputError, UnsupportedFormatError
 from traceguard.ingest.kineto import looks_like_kineto
-from traceguard.ingest.nccl_inspector import looks_like_inspector, looks_like_inspector_prom
+from traceguard.ingest.nccl_inspector import check_inspector_head, looks_like_inspector, looks_like_inspector_prom
 from traceguard.ingest.nccl_log import looks_like_nccl_log
 from traceguard.ingest.nsys_rep import is_nsys_rep
 from traceguard.ingest.nsys_sqlite import META_TABLES, NVTX
@@ -192,6 +192,8 @@ def validate(path: Path, found: Classified, *, scratch: Path, max_expanded_bytes
         _check_gzip(path, max_expanded_bytes if found.kind in ("kineto", "tar", *LARGE_SIDE_KINDS) else max_side_bytes)
     elif found.kind in SIDE_KINDS and found.kind not in LARGE_SIDE_KINDS and path.stat().st_size > max_side_bytes:
         raise InputError(f"a {found.kind} text file larger than {max_side_bytes} bytes is not a side input")
+    if found.kind == "nccl_inspector":
+        check_inspector_head(path)  # parses, and a format version this reader knows
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ bus bandwidth on transfer time of the matched instances (below).
 5. *Time windows* (the logs have no steps): instances grouped by :data:`WINDOW_S` windows of wall
    clock, by the first kernel start with verbose dumps, else by the line's dump timestamp
    (``dump_timestamp_us``: when the plugin wrote it, at most one dump interval after completion).
+   ``lines`` counts the Inspector lines of a window's matched instances (what the service compares
+   when a long job's logs are sent again as they grow).
    ``matched_steps`` (the ``collective_wait`` rule's evidence floor) is the number of windows that
    hold matched instances.
 
@@ -367,6 +369,7 @@ def _windows(result: InspectorResult, matched: pl.DataFrame) -> None:
         matched.group_by("window_start_s")
         .agg(
             pl.len().alias("instances"),
+            pl.col("n_ranks").sum().alias("lines"),  # the Inspector lines of its matched instances
             (pl.col("exec_sum_ns") - pl.col("n_ranks") * pl.col("transfer_ns")).sum().alias("wait_ns"),
             (pl.col("n_ranks") * pl.col("transfer_ns")).sum().alias("transfer_ns"),
             pl.col("exec_sum_ns").sum().alias("exec_ns"),

@@ -98,10 +98,24 @@ def _manifest_ranks(members: dict[str, Path]) -> dict[str, int]:
     return ranks
 
 
+def _only(kinds: tuple[str, ...]) -> str:
+    return "NCCL Inspector logs" if kinds == ("nccl_inspector",) else ", ".join(kinds)
+
+
 def receive(
-    ctx: Context, session: Session, run: Run, upload: BlobWriter, *, name: str, rank: int | None = None
+    ctx: Context,
+    session: Session,
+    run: Run,
+    upload: BlobWriter,
+    *,
+    name: str,
+    rank: int | None = None,
+    kinds: tuple[str, ...] | None = None,
 ) -> Intake:
     """Keep one received upload (already streamed to ``upload``'s temporary file) in ``run``.
+
+    ``kinds``: only files of these kinds are taken (a single file of another kind is refused; an
+    archive's members of other kinds are skipped, and an archive with none of them is refused).
 
     Raises UnsupportedFormatError (not a kind traceguard reads) or InputError (damaged, unsafe,
     over a limit), naming the file; nothing is recorded then.
@@ -109,6 +123,12 @@ def receive(
     limits = ctx.settings
     upload.finish()
     found = _guarded(name, lambda: classify(upload.temp_path))
+    if kinds is not None and not found.is_archive and found.kind not in kinds:
+        raise UnsupportedFormatError(
+            f"{name}: a {found.kind} file, not {_only(kinds)}",
+            hint="this route takes only " + _only(kinds) + " (or a tar/zip of them); upload other files to "
+            f"/v1/runs/{run.id}/files",
+        )
     intake = Intake()
     if found.is_archive:
         with tempfile.TemporaryDirectory(dir=ctx.blobs.scratch) as tmp:
@@ -131,8 +151,13 @@ def receive(
                 if kind.is_archive:
                     intake.skipped.append({"name": member.name, "reason": "archives inside archives are not opened"})
                     continue
+                if kinds is not None and kind.kind not in kinds:
+                    intake.skipped.append({"name": member.name, "reason": f"a {kind.kind} file, not {_only(kinds)}"})
+                    continue
                 _validate(ctx, member.path, kind, f"{name}/{member.name}")
                 accepted.append((member.name, member.path, kind))
+            if not accepted and kinds is not None:
+                raise InputError(f"{name}: the archive holds no {_only(kinds)}")
             if not accepted:
                 raise InputError(f"{name}: the archive holds no capture, NCCL log or nvidia-smi/nccl-tests output")
             for member_name, path, kind in accepted:

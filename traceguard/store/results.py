@@ -38,7 +38,6 @@ RESULT_TABLES = (
     PeerTraffic,
     Connection,
     CheckResult,
-    InspectorWindow,
 )
 MAX_ROWS = 10_000
 #: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
@@ -110,7 +109,8 @@ def save_results(
     session: Session, run: Run, job: Job, doc: dict[str, Any], files: list[File], resolved: dict[int, int | None]
 ) -> None:
     """Replace the run's result rows by those of ``doc`` (one transaction with the caller's);
-    ``resolved`` maps file ids to the rank the analysis gave them."""
+    ``resolved`` maps file ids to the rank the analysis gave them. The Inspector time windows are
+    merged instead (:func:`merge_inspector_windows`): a long job's trend only grows."""
     for table in RESULT_TABLES:
         session.execute(delete(table).where(table.run_id == run.id))
     for file in files:
@@ -245,23 +245,7 @@ def save_results(
                 detail=conn.get("detail"),
             )
         )
-    inspector = doc.get("inspector") or {}
-    for window in inspector.get("windows") or []:
-        rows.append(
-            InspectorWindow(
-                run_id=run.id,
-                window_start_s=window["window_start_s"],
-                window_s=inspector["window_s"],
-                instances=window["instances"],
-                wait_ns=window["wait_ns"],
-                transfer_ns=window["transfer_ns"],
-                nccl_wait_share=window.get("nccl_wait_share"),
-                late_rank=window.get("late_rank"),
-                last_arrivals=window.get("last_arrivals") or 0,
-                bytes=window.get("bytes"),
-                busbw_transfer_median_gbps=window.get("busbw_transfer_median_gbps"),
-            )
-        )
+    merge_inspector_windows(session, run.id, doc.get("inspector"))
     for check in doc.get("checks", []):
         rows.append(
             CheckResult(
@@ -280,6 +264,55 @@ def save_results(
             )
         )
     session.add_all(rows)
+
+
+def _window_values(window: dict[str, Any], window_s: int) -> dict[str, Any]:
+    return {
+        "window_start_s": window["window_start_s"],
+        "window_s": window_s,
+        "instances": window["instances"],
+        "wait_ns": window["wait_ns"],
+        "transfer_ns": window["transfer_ns"],
+        "nccl_wait_share": window.get("nccl_wait_share"),
+        "late_rank": window.get("late_rank"),
+        "last_arrivals": window.get("last_arrivals") or 0,
+        "bytes": window.get("bytes"),
+        "busbw_transfer_median_gbps": window.get("busbw_transfer_median_gbps"),
+        "lines": window.get("lines"),
+    }
+
+
+def merge_inspector_windows(session: Session, run_id: int, inspector: dict[str, Any] | None) -> dict[str, int]:
+    """Merge a report's ``inspector.windows`` into the run's stored windows (docs/service.md, "A long
+    job's logs, as they grow"): a window not stored yet is added; a stored window (same start) is
+    replaced only when the report has more Inspector ``lines`` for it (a stored row of unknown lines,
+    from before migration 0009, is replaced); otherwise it stays as it is, so sending the same or an
+    older copy of the logs again changes nothing and never duplicates a window. Windows of another
+    length (the profile's ``inspector_window_s`` changed) cannot be compared: the report's replace
+    them all. Returns how many windows were added, replaced and kept."""
+    counts = {"added": 0, "replaced": 0, "kept": 0}
+    windows = (inspector or {}).get("windows") or []
+    if not windows:
+        return counts
+    window_s = int(inspector["window_s"])  # type: ignore[index]
+    stored = {w.window_start_s: w for w in inspector_windows(session, run_id)}
+    if any(w.window_s != window_s for w in stored.values()):
+        session.execute(delete(InspectorWindow).where(InspectorWindow.run_id == run_id))
+        stored = {}
+    for window in windows:
+        values = _window_values(window, window_s)
+        row = stored.get(values["window_start_s"])
+        if row is None:
+            session.add(InspectorWindow(run_id=run_id, **values))
+            counts["added"] += 1
+        elif row.lines is None or (values["lines"] or 0) > row.lines:
+            for key, value in values.items():
+                setattr(row, key, value)
+            counts["replaced"] += 1
+        else:
+            counts["kept"] += 1
+    session.flush()
+    return counts
 
 
 def _page(query: Select[Any], limit: int, offset: int) -> Select[Any]:

@@ -382,8 +382,10 @@ class InspectorWindow(Base):
     """One time window of a run's NCCL Inspector logs (docs/inspector.md): the collectives matched
     on all their ranks whose time falls in [``window_start_s``, + ``window_s``) (wall clock, s since
     the epoch), their wait / transfer split, the rank last to arrive most often there, and the median
-    bus bandwidth on transfer time. A long job's logs sent again as they grow replace these rows, so
-    the run's rows show the trend window by window."""
+    bus bandwidth on transfer time. A long job's logs sent again as they grow are merged into these
+    rows, so the run's rows show the trend window by window: an analysis adds the windows not stored yet and
+    replaces a stored one only when it has more ``lines`` there (the Inspector lines of the window's
+    matched instances; null on rows stored before migration 0009)."""
 
     __tablename__ = "inspector_windows"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -398,6 +400,7 @@ class InspectorWindow(Base):
     last_arrivals: Mapped[int] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     busbw_transfer_median_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lines: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (Index("ix_inspector_windows_run_start", "run_id", "window_start_s"),)
 
 
