@@ -29,6 +29,7 @@ NOT_MEASURED = {
     "1 ms",  # a profile floor
     "50 GB",  # an example of a finding floor
     "100 µs",  # the clock residual above which the cross-rank split is not trusted (metrics.waits)
+    "60 s",  # the NCCL Inspector analysis's default time window (inspector_window_s)
 }
 
 
