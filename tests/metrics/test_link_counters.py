@@ -236,3 +236,27 @@ def test_gpu_metrics_of_another_gpu_are_not_the_ranks(exports: dict, tmp_path: P
     reason = result.ranks[0].null_reasons["pcie_nccl_peak"]
     assert "not on this rank's GPU 0" in reason and "$LOCAL_RANK" in reason
     assert isinstance(read_nsys_sqlite(target).link_samples, pl.DataFrame)
+
+
+def test_damaged_counters_are_unknown_not_saturated(exports: dict, tmp_path: Path) -> None:
+    """A catalog id that is not an integer names no counter; a throughput outside 0..100 % is
+    unknown, never clipped into a full link; neither stops the analysis."""
+    target = tmp_path / "damaged.sqlite"
+    shutil.copyfile(exports[("shm", 0)], target)
+    with sqlite3.connect(target) as conn:
+        conn.execute(
+            "UPDATE TARGET_INFO_GPU_METRICS SET metricId = 'abc' WHERE metricName = 'SMs Active [Throughput %]'"
+        )
+        (pcie_rx,) = conn.execute(
+            "SELECT metricId FROM TARGET_INFO_GPU_METRICS WHERE metricName = 'PCIe RX Throughput [Throughput %]'"
+        ).fetchone()
+        damaged = conn.execute(
+            "UPDATE GPU_METRICS SET value = 100000 WHERE metricId = ? AND rowid % 7 = 0", (pcie_rx,)
+        ).rowcount
+    samples, _ = _reference(exports[("shm", 0)])
+    result = analyze([str(target)]).result.ranks[0]
+    links = result.link_counters
+    assert links["invalid_values"] == damaged > 0
+    assert "sm_active_pct" not in links["names"]
+    # The damaged samples' RX is unknown: the peak stays the real one (TX and the other RX samples).
+    assert result.metrics["pcie_nccl_peak"] <= max(max(s[1], s[2]) for s in samples) / 100 < 1

@@ -71,6 +71,8 @@ class GpuMetricsInfo:
     samples: int = 0
     #: Median sample period → rate, per the first GPU sampled.
     frequency_hz: float | None = None
+    #: Counter values outside 0..100 % (a damaged file), read as unknown.
+    invalid_values: int = 0
 
 
 #: GPU_METRICS rows scanned per chunk (by rowid): the read holds one chunk's integers at a time.
@@ -106,7 +108,11 @@ def plan_link_read(src: _Source, gpu_devices: Callable[[], dict[int, int]]) -> L
     cols = src.columns("GPU_METRICS")
     if not {"timestamp", "typeId", "metricId", "value"} <= cols:
         return f"GPU_METRICS lacks the columns traceguard reads (has: {', '.join(sorted(cols))})"
-    catalog = src.small("SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS")
+    # Rows whose ids are not integers (a damaged file) name no counter that GPU_METRICS could hold.
+    catalog = src.small(
+        "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS "
+        "WHERE typeof(typeId) = 'integer' AND typeof(metricId) = 'integer'"
+    )
     wanted, names, others = _select_counters([(int(t), int(m), str(n or "")) for t, m, n in catalog])
     if not wanted:
         found = ", ".join(sorted({str(n) for _, _, n in catalog})[:8]) or "none"
@@ -133,11 +139,17 @@ def load_link_samples(plan: LinkPlan, bulk: Bulk) -> tuple[pl.DataFrame, dict[st
         spec.insert(1, ("type_id", "typeId", "int"))
     parts: list[pl.DataFrame] = []
     carry: pl.DataFrame | None = None
+    invalid = 0
     for low in range(0, plan.max_rowid + 1, CHUNK_ROWS):
         where = f"WHERE rowid >= {low} AND rowid < {low + CHUNK_ROWS} AND {wanted_row}"
         chunk = bulk("GPU_METRICS", spec, where)
         if len(types) == 1:
             chunk = chunk.with_columns(pl.lit(types[0], dtype=pl.Int64).alias("type_id"))
+        # A throughput outside 0..100 % is no measurement (a damaged file): that counter of that
+        # sample is unknown, never clipped into a saturated link.
+        valid = pl.col("value").is_between(0, 100)
+        invalid += int(chunk.select((~valid).sum()).item() or 0)
+        chunk = chunk.with_columns(pl.when(valid).then(pl.col("value")).alias("value"))
         if carry is not None:
             chunk = pl.concat([carry, chunk])
         last = low + CHUNK_ROWS > plan.max_rowid
@@ -162,6 +174,7 @@ def load_link_samples(plan: LinkPlan, bulk: Bulk) -> tuple[pl.DataFrame, dict[st
         devices=sorted(samples["device"].unique().to_list()),
         samples=samples.height,
         frequency_hz=_frequency(samples),
+        invalid_values=invalid,
     )
     return samples, asdict(info), ""
 

@@ -203,7 +203,8 @@ def rank_links(
         if m[key] is None:
             if key.startswith(("pcie", "nvlink")) and "nccl" in key:
                 link = key.split("_", 1)[0]
-                null[key] = no_nccl or f"the GPU metric set has no {link.upper()} counters"
+                name = "PCIe" if link == "pcie" else "NVLink"
+                null[key] = no_nccl or f"the capture's GPU metrics hold no valid {name} throughput value"
             else:
                 null[key] = no_nccl or "not available from these samples"
     per_step = _per_step(frame, timed_steps)
@@ -220,6 +221,7 @@ def rank_links(
         "device": device,
         "source": info.get("source"),
         "frequency_hz": info.get("frequency_hz"),
+        "invalid_values": info.get("invalid_values", 0),
         "names": info.get("names", {}),
         "samples": counts,
         "over": over,
