@@ -160,3 +160,13 @@ def test_compare_pairs_the_wait_and_link_step_fields(reports: dict[str, dict]) -
             assert row[f"{key}_delta"] == pytest.approx(expected), key
         # SHM moved the all-reduces onto PCIe: more PCIe load in the NCCL kernels, less NVLink.
         assert row["nccl_pcie_avg_pct_delta"] > 50 and row["nccl_nvlink_avg_pct_delta"] < -50
+
+
+def test_the_step_field_names_the_store_reads_are_the_analysis_own() -> None:
+    """report/fields.py repeats the step field names so that the service loads it without the
+    analysis; they must be the names the analysis writes."""
+    from traceguard.metrics import link_counters, run
+    from traceguard.report import fields
+
+    assert fields.LINK_STEP_FIELDS == link_counters.LINK_STEP_FIELDS
+    assert set(run.WAIT_STEP_FIELDS) <= set(fields.WAIT_STEP_FIELDS)

@@ -15,6 +15,7 @@ from traceguard.checks.profiles import Profile
 from traceguard.checks.rules import CheckResult, verdict
 from traceguard.ingest import InputRecord
 from traceguard.ingest.sides import SideData
+from traceguard.metrics.link_counters import LINK_RANK_METRICS
 from traceguard.metrics.run import RunResult
 from traceguard.metrics.transport import nccl_document
 from traceguard.metrics.workloads import empty as workload_entry
@@ -73,20 +74,7 @@ EXTRA_METRICS = (
 )
 #: Rank-only: how often the rank arrived last at a matched collective, and how late; the link
 #: counters of its GPU over its NCCL kernels (metrics.link_counters, docs/links.md).
-RANK_ONLY = (
-    "last_arrivals",
-    "link_samples",
-    "link_nccl_samples",
-    "pcie_nccl_avg",
-    "pcie_nccl_p95",
-    "pcie_nccl_peak",
-    "nvlink_nccl_avg",
-    "nvlink_nccl_p95",
-    "nvlink_nccl_peak",
-    "nccl_nvlink_share",
-    "nccl_pcie_share",
-    "nccl_link_idle_share",
-)
+RANK_ONLY = ("last_arrivals", *LINK_RANK_METRICS)
 RUN_ONLY = (
     "ranks",
     "distinct_gpu_models",
