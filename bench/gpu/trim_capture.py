@@ -3,7 +3,8 @@
 As if the program had stopped when step N+1 began: every CPU-side event (API calls, NVTX, OS
 runtime, ...) that starts after step N+1's range starts is deleted, every GPU op launched by such
 a call with it (kernels, copies, sets of step N still running on the GPU stay), and every GPU
-metrics sample after the last remaining GPU op's end plus a margin; then the file is vacuumed.
+metrics sample after the last remaining GPU op's end plus a margin (with ``--before-first-op``,
+those before the first one's start minus the margin too); then the file is vacuumed.
 What remains is exactly what was recorded of those events; no value is changed. The steps come
 from traceguard's own analysis of the untrimmed file, so run it with traceguard importable.
 
@@ -30,8 +31,10 @@ def cut_time(path: Path, steps: int) -> int:
     return int(rows[steps]["start_ns"])
 
 
-def trim(source: Path, target: Path, cut: int, margin_ns: int) -> dict[str, int]:
-    """Copy ``source`` to ``target`` and cut it at CPU time ``cut`` (module docstring); rows deleted per table."""
+def trim(source: Path, target: Path, cut: int, margin_ns: int, *, before_first_op: bool = False) -> dict[str, int]:
+    """Copy ``source`` to ``target`` and cut it at CPU time ``cut`` (module docstring); rows deleted per table.
+    ``before_first_op``: also delete the GPU metrics samples stamped before the first kept GPU op's
+    start minus the margin (the samples of the job's start, before the capture range)."""
     shutil.copyfile(source, target)
     conn = sqlite3.connect(target)
     deleted: dict[str, int] = {}
@@ -66,6 +69,13 @@ def trim(source: Path, target: Path, cut: int, margin_ns: int) -> dict[str, int]
             gpu_end = max([e for e in ends if e is not None] or [cut])
             cursor = conn.execute("DELETE FROM GPU_METRICS WHERE timestamp > ?", (gpu_end + margin_ns,))
             deleted["GPU_METRICS"] = cursor.rowcount
+            if before_first_op:
+                # The collector samples from nsys's start, long before a cudaProfilerApi range opens
+                # (warm-up and timed steps: 98 % of a kept step's rows); none of them lies over kept work.
+                starts = [conn.execute(f'SELECT MIN("start") FROM "{t}"').fetchone()[0] for t in work]
+                gpu_start = min([s for s in starts if s is not None] or [0])
+                cursor = conn.execute("DELETE FROM GPU_METRICS WHERE timestamp < ?", (gpu_start - margin_ns,))
+                deleted["GPU_METRICS"] += cursor.rowcount
         conn.commit()
         conn.execute("VACUUM")
     finally:
@@ -79,9 +89,10 @@ def main() -> None:
     parser.add_argument("target", type=Path)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--margin-us", type=int, default=200)
+    parser.add_argument("--before-first-op", action="store_true", help="also drop GPU metrics before the first GPU op")
     args = parser.parse_args()
     cut = cut_time(args.source, args.steps)
-    deleted = trim(args.source, args.target, cut, args.margin_us * 1000)
+    deleted = trim(args.source, args.target, cut, args.margin_us * 1000, before_first_op=args.before_first_op)
     print(f"{args.target}: cut at {cut} ns; deleted {deleted}")
 
 

@@ -12,7 +12,9 @@ inside the timeline's window), so the drawing rests on the capture, not only on 
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
+import statistics
 import struct
 from pathlib import Path
 
@@ -59,6 +61,10 @@ def _sql_lane(unpacked, report: dict, rank: int) -> tuple[int, float, float]:
     try:
         # One collector per GPU: each export holds its own GPU's samples only.
         assert len(db.execute("SELECT DISTINCT typeId FROM GPU_METRICS").fetchall()) == 1
+        # A stamp starts the period its sample averages; the lane places each at the period's middle.
+        stamps = [t for (t,) in db.execute("SELECT DISTINCT timestamp FROM GPU_METRICS ORDER BY timestamp")]
+        period = statistics.median(b - a for a, b in itertools.pairwise(stamps))
+        half = round(0.5e9 / round(1e9 / period, 1))
         return db.execute(
             """
             SELECT count(*), max(max(pcie_rx, pcie_tx)), max(max(nvlink_rx, nvlink_tx)) FROM (
@@ -70,7 +76,7 @@ def _sql_lane(unpacked, report: dict, rank: int) -> tuple[int, float, float]:
               FROM GPU_METRICS g JOIN TARGET_INFO_GPU_METRICS m ON m.typeId = g.typeId AND m.metricId = g.metricId
               WHERE g.timestamp BETWEEN ? AND ? GROUP BY g.timestamp)
             """,
-            (lo, hi),
+            (lo - half, hi - half),
         ).fetchone()
     finally:
         db.close()

@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -233,9 +234,43 @@ def allreduce_gradients(params: list[nn.Parameter]) -> None:
         offset += g.numel()
 
 
+#: Frames of a failed rank's traceback kept in its error file: the innermost ones, where it broke.
+ERROR_FRAMES = 8
+
+
+def write_rank_error(out: Path, rank: int, exc: BaseException) -> Path:
+    """``out/rank{rank}.error.json``: this rank's own exception — type, message and the innermost
+    ``ERROR_FRAMES`` frames — for the harness to report first. torchrun's launcher log interleaves
+    every rank's output and its own traceback; this file is the one rank's, unmixed."""
+    frames = traceback.extract_tb(exc.__traceback__)[-ERROR_FRAMES:]
+    error = {
+        "rank": rank,
+        "time": time.time(),  # the first rank to fail is the cause; the others often fail on its absence
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+        "message": str(exc),
+        "frames": [
+            {"file": f.filename, "line": f.lineno, "function": f.name, "code": (f.line or "").strip()} for f in frames
+        ],
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rank{rank}.error.json"
+    path.write_text(json.dumps(error, indent=2) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    try:
+        return _run(args, rank)
+    except BaseException as exc:  # a rank's own failure, whatever it is, before it dies
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            write_rank_error(args.out, rank, exc)
+        raise
+
+
+def _run(args: argparse.Namespace, rank: int) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()

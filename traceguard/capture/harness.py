@@ -397,6 +397,70 @@ def _missing_gpu_metrics(out: Path, captures: list[dict[str, Any]], log: str) ->
     ]
 
 
+#: torchrun's failure summary: one block per failed rank ("rank : 1 (local_rank: 1)", "exitcode : -9
+#: (pid: 4242)", "traceback : Signal 9 (SIGKILL) received by PID 4242").
+_TORCHRUN_FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:[^)]*\)\s*"
+    r"exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n(?:[^\n]*\n)*?\s*traceback\s*:\s*(?P<why>[^\n]*)"
+)
+
+
+def rank_failures(out: Path, world: int, log: str) -> list[dict[str, Any]]:
+    """Every rank that failed, the first to fail first, each with its own exception.
+
+    A rank's error file (``rank{N}.error.json``, written by the job as it dies) gives the exception's
+    type, message and innermost frames; a rank killed without a Python exception (a signal, the OOM
+    killer, a native abort) is found in torchrun's failure summary instead. The cause comes first:
+    torchrun's "Root Cause (first observed failure)", then by the error files' times; ranks that fail
+    after another (a peer's closed connection, a collective's timeout, torchrun's SIGTERM) follow.
+    """
+    failures: dict[int, dict[str, Any]] = {}
+    for rank in range(world):
+        path = out / f"rank{rank}.error.json"
+        if path.exists():
+            try:
+                failures[rank] = {**json.loads(path.read_text()), "source": path.name}
+            except (json.JSONDecodeError, OSError):
+                failures[rank] = {"rank": rank, "type": "?", "message": "unreadable error file", "source": path.name}
+    root_at = log.find("Root Cause")  # torchrun's own "first observed failure" section
+    root_causes = set()
+    for match in _TORCHRUN_FAILURE.finditer(log):
+        rank = int(match["rank"])
+        if root_at >= 0 and match.start() > root_at:
+            root_causes.add(rank)
+        if rank in failures or rank >= world:
+            continue
+        code = int(match["code"])
+        why = match["why"].strip()
+        if why.startswith("To enable traceback"):  # torchrun's placeholder: the process said nothing itself
+            why = ""
+        failures[rank] = {
+            "rank": rank,
+            "type": f"exit code {code}" + (f" (signal {-code})" if code < 0 else ""),
+            "message": why or _rank_log_tail(log, rank),
+            "frames": [],
+            "source": "launcher.log",
+        }
+    return sorted(
+        failures.values(), key=lambda f: (f["rank"] not in root_causes, f.get("time", float("inf")), f["rank"])
+    )
+
+
+def _rank_log_tail(log: str, rank: int, lines: int = 3) -> str:
+    """The last lines torchrun prefixed with ``[rankN]:`` (its per-rank stderr tag), joined."""
+    own = [line.split(":", 1)[1].strip() for line in log.splitlines() if line.startswith(f"[rank{rank}]:")]
+    return " | ".join(own[-lines:]) or "no output of its own in launcher.log"
+
+
+def failure_diagnostic(failure: dict[str, Any], first: bool) -> str:
+    """One line: ``rank 1 failed: RuntimeError: … at file:line in function ← …`` (innermost first)."""
+    where = " ← ".join(
+        f"{Path(f['file']).name}:{f['line']} in {f['function']}" for f in reversed(failure.get("frames", [])[-3:])
+    )
+    text = f"rank {failure['rank']} {'failed' if first else 'then failed'}: {failure['type']}: {failure['message']}"
+    return text + (f" (at {where})" if where else "") + f" [{failure['source']}]"
+
+
 class Refused(SystemExit):
     """A combination the harness will not run (said before any rank starts); a sweep lists it and goes on."""
 
@@ -523,6 +587,13 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
             {"rank": rank, "exit_status": 0 if record else (rc or 1), "record": record_path.name if record else None}
         )
     records = [json.loads((out / r["record"]).read_text()) for r in ranks if r["record"]]
+    failures = rank_failures(out, cfg.world_size, log) if any(r["record"] is None for r in ranks) else []
+    for failure in failures:
+        ranks[failure["rank"]]["error"] = {k: failure.get(k) for k in ("type", "message", "frames", "source")}
+    # A failed rank's own exception comes first: what went wrong, before what then could not be made.
+    diagnostics[:0] = [failure_diagnostic(f, i == 0) for i, f in enumerate(failures)]
+    if rc and not failures and not records:
+        diagnostics.insert(0, f"the launcher exited {rc} before any rank wrote a record: {log.strip()[-300:]}")
     captures: list[dict[str, Any]] = []
     if cfg.capture == "nsys" and nsys:
         captures, problems = _export_reports(out, nsys, cfg.world_size, cfg.keep_reports)

@@ -424,10 +424,33 @@ def build_broadcast_reduce(
 # FSDP2 and tensor parallelism: the model is sharded, the step is the plain one.
 
 
+def tensor_type(param: torch.Tensor) -> str:
+    """``DTensor`` for a distributed tensor (tensor parallel, FSDP2), ``Tensor`` for a plain one."""
+    return "DTensor" if hasattr(param, "placements") else "Tensor"
+
+
+def param_groups_by_tensor_type(module: nn.Module) -> list[dict[str, Any]]:
+    """The module's parameters, one optimizer group per tensor type.
+
+    The optimizers' foreach kernels take each group's tensors in one call: torch 2.11 refuses a list
+    that mixes DTensors with plain tensors (``aten._foreach_add_.List: got mixed torch.Tensor and
+    DTensor``), which the tensor-parallel MLP has (its classifier stays replicated, a plain tensor);
+    torch 2.13 accepts it. Separate groups step the same parameters with the same settings on both."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for param in module.parameters():
+        groups.setdefault(tensor_type(param), []).append(param)
+    return [{"params": params, "tensor_type": kind} for kind, params in sorted(groups.items())]
+
+
+def _optimizer_groups(module: nn.Module) -> list[dict[str, Any]]:
+    """The record's view of ``param_groups_by_tensor_type``: each group's tensor type and size."""
+    return [{"tensor_type": g["tensor_type"], "params": len(g["params"])} for g in param_groups_by_tensor_type(module)]
+
+
 def _plain_step(
     module: nn.Module, batches: Iterator[Any], device: torch.device, nvtx: Any, delay_s: float = 0.0
 ) -> Callable[[int], None]:
-    opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD(param_groups_by_tensor_type(module), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     def step(index: int) -> None:
@@ -471,6 +494,7 @@ def build_fsdp(
         "sharded_modules": sum(1 for m in model.modules() if type(m).__name__.startswith("FSDP")),
         "placements": _placements(model),
         "mesh": list(mesh.shape),
+        "optimizer_groups": _optimizer_groups(model),
     }
     return Workload("fsdp", model, _plain_step(model, batches, device, nvtx, delay_s), info)
 
@@ -495,6 +519,7 @@ def build_tensor_parallel(
         "plan": {k: type(v).__name__ for k, v in plan.items()},
         "placements": _placements(model),
         "mesh": list(mesh.shape),
+        "optimizer_groups": _optimizer_groups(model),
     }
     return Workload("tensor-parallel", model, _plain_step(model, batches, device, nvtx, delay_s), info)
 

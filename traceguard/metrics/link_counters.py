@@ -5,10 +5,15 @@ peak, one row per sample time and GPU) of the rank's own GPU, and the intervals 
 
 Definitions (DESIGN.md, "Link counters"):
 
-- A sample at time *t* averages the interval that ends at *t* (one sample period). A sample is
-  *in* an interval [start, end] of GPU work when start ≤ t ≤ end; *over* a set of intervals when it
-  is in any of them. Statistics over a window are over the samples in it: ``avg`` (mean), ``p95``
-  (linear interpolation), ``peak`` (max). A window shorter than the sample period can hold none:
+- A sample stamped *t* averages the sample period that STARTS at *t*: [t, t + period). Measured on
+  real exports (nsys 2025.3, 2×H200 at 2 kHz, bench/gpu/SWEEP.md): a 19 MB input copy over
+  [260.527, 260.876] ms reads 58 % PCIe in the sample stamped 260.562 and 6 % in the one stamped
+  260.062, as the period after each stamp predicts (63 % and 7 % of the copy's rate), not the period
+  before it (7 % and 0 %); an NCCL kernel's last busy sample is the one stamped before its end. A
+  sample's time here is therefore the middle of its period, t + period / 2 (:func:`sample_midpoints`).
+  A sample is *in* an interval [start, end] of GPU work when start ≤ that time ≤ end; *over* a set
+  of intervals when it is in any of them. Statistics over a window are over the samples in it:
+  ``avg`` (mean), ``p95`` (linear interpolation), ``peak`` (max). A window shorter than the sample period can hold none:
   its figures are then null.
 - ``pcie`` and ``nvlink`` of a sample: the busier direction, max(RX, TX), the figure a link's
   saturation is judged on (as ``nvidia-smi dmon``'s PCIe load is).
@@ -91,13 +96,24 @@ class IntervalMarks:
         return np.cumsum(self._diff[:-1]) > 0
 
 
+def sample_midpoints(samples: pl.DataFrame, capture: Capture) -> pl.DataFrame:
+    """``samples`` with each ``time`` moved from its stamp, the start of the period it averages, to
+    the period's middle (module docstring); the period is the capture's median sample period."""
+    frequency = (capture.info.gpu_metrics or {}).get("frequency_hz")
+    if not frequency or samples.height == 0:
+        return samples
+    half = round(0.5e9 / float(frequency))
+    return samples.with_columns(pl.col("time") + half)
+
+
 def rank_device_samples(
     capture: Capture, devices_used: Sequence[int | None]
 ) -> tuple[pl.DataFrame, int | None, str | None]:
     """The capture's samples of the rank's GPU (the first device its window's work ran on that was
-    sampled), sorted by time; that device; or why there are none."""
+    sampled), sorted by time, each at the middle of its period (:func:`sample_midpoints`); that
+    device; or why there are none."""
     capture.resolve_links()
-    samples = capture.link_samples
+    samples = sample_midpoints(capture.link_samples, capture)
     info = capture.info
     if samples.height == 0:
         return samples, None, info.gpu_metrics_reason or "the capture has no GPU metrics"

@@ -89,8 +89,21 @@ def analyse_links(
         null["nccl_transports"] = null["transport_fallback_pairs"]
     m["nccl_version"] = side.nccl.version if side.nccl else None
     log_pairs = pairs if side.nccl is not None and side.nccl.transport_known else set()
+    # Pairs the log saw connected over P2P only: their transport is NCCL's own word, which the
+    # counters cannot overrule (PCIe traffic beside a P2P kernel belongs to other work).
+    p2p_pairs = _p2p_only_pairs(side.nccl.connections) if side.nccl is not None and side.nccl.transport_known else set()
     _capture_transport(
-        capture, side, capture_reason, capture_pcie_share, capture_nvlink_share, log_pairs, m, null, evidence, found
+        capture,
+        side,
+        capture_reason,
+        capture_pcie_share,
+        capture_nvlink_share,
+        log_pairs,
+        p2p_pairs,
+        m,
+        null,
+        evidence,
+        found,
     )
 
     _pcie(side, rated_pcie_gbps, m, null, evidence, capture, capture_reason)
@@ -185,13 +198,15 @@ def _capture_transport(
     pcie_share: float | None,
     nvlink_share: float | None,
     log_pairs: set[frozenset[int]],
+    p2p_pairs: set[frozenset[int]],
     m: dict[str, Any],
     null: dict[str, str],
     evidence: dict[str, list[dict[str, Any]]],
     found: list[Finding],
 ) -> None:
     """The transport finding from the link counters: rank pairs of one host, NVLink peers per
-    ``nvidia-smi topo -m``, whose NCCL kernels moved their bytes over PCIe with NVLink idle.
+    ``nvidia-smi topo -m``, whose NCCL kernels moved their bytes over PCIe with NVLink idle, unless
+    the NCCL log shows the pair connected over P2P only (``p2p_pairs``: the log names the transport).
     Fills ``transport_observations`` (NCCL connection lines + rank pairs judged from the capture)
     and, where the capture decides, ``transport_fallback_pairs`` (the union with the log's pairs)."""
     judged = [r for r in capture if r.get("nccl_pcie_share") is not None]
@@ -209,7 +224,14 @@ def _capture_transport(
         if a.get("host") == b.get("host") and a["gpu"] != b["gpu"]
     ]
     judged_pairs = [(a, b) for a, b in candidates if peers is not None and frozenset((a["gpu"], b["gpu"])) in peers]
-    flagged = [(a, b) for a, b in judged_pairs if a["rank"] in on_pcie and b["rank"] in on_pcie]
+    # A pair the NCCL log shows on P2P is not flagged: a P2P pipeline's middle stages (2×H200,
+    # bench/gpu/SWEEP.md) read 5–26 % PCIe during their send/recv kernels, with NVLink under 5 %,
+    # from other work beside small transfers; the log's `via P2P/CUMEM` is the transport.
+    flagged = [
+        (a, b)
+        for a, b in judged_pairs
+        if a["rank"] in on_pcie and b["rank"] in on_pcie and frozenset((a["rank"], b["rank"])) not in p2p_pairs
+    ]
     connections = m.get("nccl_connections")
     observations = (connections or 0) + len(judged_pairs)
     m["transport_observations"] = observations if connections is not None or judged_pairs else None
@@ -321,3 +343,12 @@ def _collectives(
         evidence["allreduce_latency"] = [
             {"size_bytes": r["size_bytes"], "time_us": r["oop_time_us"]} for r in small.sort("size_bytes").to_dicts()
         ]
+
+
+def _p2p_only_pairs(connections: list[Any]) -> set[frozenset[int]]:
+    """Rank pairs every one of whose logged connections is P2P (or NVLS, NVLink too)."""
+    by_pair: dict[frozenset[int], set[str]] = {}
+    for c in connections:
+        if c.peer is not None and c.peer != c.rank:
+            by_pair.setdefault(frozenset((c.rank, c.peer)), set()).add(c.transport)
+    return {pair for pair, kinds in by_pair.items() if kinds <= {"P2P", "NVLS"}}

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from traceguard.metrics import copies, graphs, nccl
+from traceguard.metrics import copies, graphs, link_counters, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
 from traceguard.metrics.link_counters import IntervalMarks
@@ -428,7 +428,7 @@ def _finish(
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
     capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
-    samples = capture.link_samples
+    samples = link_counters.sample_midpoints(capture.link_samples, capture)  # as rank_device_samples gives them
     for (device,), own in samples.group_by("device") if samples.height else ():
         two.link_marks[int(device)] = IntervalMarks(own.sort("time")["time"].to_numpy())  # type: ignore[arg-type]
     collectives_seen = nccl.with_collective(nccl_kernels, capture.strings)["collective"]

@@ -1,0 +1,52 @@
+"""A rank that dies is reported by its own exception, first, for every failed rank (issue 28).
+
+Both cases run for real: the harness launching a job whose ranks raise (NCCL asked for on a machine
+without GPUs), and torchrun reporting a rank killed by a signal, which leaves no Python exception.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from traceguard.capture import harness
+
+
+@pytest.mark.slow
+def test_a_failed_rank_s_own_exception_comes_first(tmp_path: Path) -> None:
+    if harness.cuda_available():
+        pytest.skip("a GPU is here: NCCL initialises")
+    out = tmp_path / "b"
+    argv = ["run", "--world-size", "2", "--backend", "nccl", "--capture", "torch", "--warmup", "1", "--timed", "1"]
+    assert harness.main([*argv, "--steps", "1", "--out", str(out)]) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    failed = manifest["diagnostics"][:2]
+    assert {d.split(" ", 2)[1] for d in failed} == {"0", "1"}, failed
+    for line in failed:
+        assert "RuntimeError: Distributed package doesn't have NCCL built in" in line
+        assert "in init_process_group" in line and ".error.json]" in line
+    assert " failed: " in failed[0] and " then failed: " in failed[1]
+    for rank in manifest["ranks"]:
+        error = rank["error"]
+        assert rank["exit_status"] != 0 and error["type"] == "RuntimeError" and error["source"].startswith("rank")
+        assert any(f["code"] == "dist.init_process_group(backend=backend)" for f in error["frames"])
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named_from_torchrun_s_summary(tmp_path: Path) -> None:
+    """No Python exception, no error file: torchrun's root cause names rank 1 and its signal."""
+    script = tmp_path / "rank.sh"
+    script.write_text('if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 5\n')
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--no-python"]
+    proc = subprocess.run([*launcher, "bash", str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    failures = harness.rank_failures(tmp_path, 2, proc.stdout + proc.stderr)
+    assert [f["rank"] for f in failures] == [1, 0]  # the killed rank first, the one torchrun then stopped after
+    assert failures[0]["type"] == "exit code -9 (signal 9)" and "SIGKILL" in failures[0]["message"]
+    assert failures[1]["type"] == "exit code -15 (signal 15)"
+    line = harness.failure_diagnostic(failures[0], True)
+    assert line.startswith("rank 1 failed: exit code -9 (signal 9): Signal 9 (SIGKILL)") and "[launcher.log]" in line
