@@ -50,3 +50,15 @@ def test_a_rank_killed_by_a_signal_is_named_from_torchrun_s_summary(tmp_path: Pa
     assert failures[1]["type"] == "exit code -15 (signal 15)"
     line = harness.failure_diagnostic(failures[0], True)
     assert line.startswith("rank 1 failed: exit code -9 (signal 9): Signal 9 (SIGKILL)") and "[launcher.log]" in line
+
+
+def test_a_long_message_is_one_bounded_line_and_the_file_keeps_it_whole() -> None:
+    """NCCL's errors run to kilobytes over many lines: the diagnostic is one line of at most
+    DIAGNOSTIC_MESSAGE_CHARS of it; ``ranks[].error`` and the error file keep every character."""
+    message = "NCCL error in: ProcessGroupNCCL.cpp:3387, unhandled system error\n" + "Last error:\n" * 500
+    failure = {"rank": 3, "type": "torch.distributed.DistBackendError", "message": message, "source": "x"}
+    line = harness.failure_diagnostic(failure, True)
+    assert "\n" not in line and line.count("…") == 1
+    assert len(line) < harness.DIAGNOSTIC_MESSAGE_CHARS + 100
+    assert line.startswith("rank 3 failed: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp")
+    assert failure["message"] == message

@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, rank)
     except BaseException as exc:  # a rank's own failure, whatever it is, before it dies
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
-            write_rank_error(args.out, rank, exc)
+            with contextlib.suppress(OSError):  # an unwritable folder must not hide the rank's own error
+                write_rank_error(args.out, rank, exc)
         raise
 
 

@@ -401,7 +401,7 @@ def _missing_gpu_metrics(out: Path, captures: list[dict[str, Any]], log: str) ->
 #: (pid: 4242)", "traceback : Signal 9 (SIGKILL) received by PID 4242").
 _TORCHRUN_FAILURE = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:[^)]*\)\s*"
-    r"exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n(?:[^\n]*\n)*?\s*traceback\s*:\s*(?P<why>[^\n]*)"
+    r"exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n(?:[^\n]*\n){0,4}?\s*traceback\s*:\s*(?P<why>[^\n]*)"
 )
 
 
@@ -452,12 +452,19 @@ def _rank_log_tail(log: str, rank: int, lines: int = 3) -> str:
     return " | ".join(own[-lines:]) or "no output of its own in launcher.log"
 
 
+#: A failed rank's message in its diagnostic line (NCCL errors run to kilobytes; the file has all).
+DIAGNOSTIC_MESSAGE_CHARS = 400
+
+
 def failure_diagnostic(failure: dict[str, Any], first: bool) -> str:
     """One line: ``rank 1 failed: RuntimeError: … at file:line in function ← …`` (innermost first)."""
     where = " ← ".join(
         f"{Path(f['file']).name}:{f['line']} in {f['function']}" for f in reversed(failure.get("frames", [])[-3:])
     )
-    text = f"rank {failure['rank']} {'failed' if first else 'then failed'}: {failure['type']}: {failure['message']}"
+    message = " ".join(str(failure["message"]).split())  # one line; the error file keeps it whole
+    if len(message) > DIAGNOSTIC_MESSAGE_CHARS:
+        message = message[: DIAGNOSTIC_MESSAGE_CHARS - 1] + "…"
+    text = f"rank {failure['rank']} {'failed' if first else 'then failed'}: {failure['type']}: {message}"
     return text + (f" (at {where})" if where else "") + f" [{failure['source']}]"
 
 

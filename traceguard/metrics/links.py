@@ -91,7 +91,7 @@ def analyse_links(
     log_pairs = pairs if side.nccl is not None and side.nccl.transport_known else set()
     # Pairs the log saw connected over P2P only: their transport is NCCL's own word, which the
     # counters cannot overrule (PCIe traffic beside a P2P kernel belongs to other work).
-    p2p_pairs = _p2p_only_pairs(side.nccl.connections) if side.nccl is not None and side.nccl.transport_known else set()
+    p2p_pairs = _p2p_only_pairs(side.nccl) if side.nccl is not None and side.nccl.transport_known else set()
     _capture_transport(
         capture,
         side,
@@ -345,10 +345,16 @@ def _collectives(
         ]
 
 
-def _p2p_only_pairs(connections: list[Any]) -> set[frozenset[int]]:
-    """Rank pairs every one of whose logged connections is P2P (or NVLS, NVLink too)."""
+def _p2p_only_pairs(log: Any) -> set[frozenset[int]]:
+    """Rank pairs every one of whose logged connections is P2P (or NVLS, NVLink too), read from the
+    largest communicators only: their ranks are the job's (a sub-communicator's, e.g. a 2-rank
+    send/recv comm's 0 and 1, would name other ranks' pairs)."""
+    sizes = {c.comm: c.nranks for c in log.comms if c.comm is not None and c.nranks is not None}
+    world = max(sizes.values(), default=None)
     by_pair: dict[frozenset[int], set[str]] = {}
-    for c in connections:
+    for c in log.connections:
+        if world is None or sizes.get(c.comm) != world:
+            continue
         if c.peer is not None and c.peer != c.rank:
             by_pair.setdefault(frozenset((c.rank, c.peer)), set()).add(c.transport)
     return {pair for pair, kinds in by_pair.items() if kinds <= {"P2P", "NVLS"}}
