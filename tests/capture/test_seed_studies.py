@@ -247,3 +247,29 @@ def test_nccl_inside_a_cuda_graph_on_two_gpus(tmp_path: Path, trace: str, nccl_k
             "WHERE s.value LIKE 'nccl%' AND k.graphNodeId IS NOT NULL"
         ).fetchone()
     assert (nccl > 0) is nccl_kernels
+
+
+def test_the_plan_runs_what_the_fixture_holds_and_gates_four_gpu_groups() -> None:
+    """bench/gpu/seed_studies.py's plan: every setting is one of its matrix's, the 2-GPU groups run
+    on 2 ranks, the 4-GPU groups only on a machine with 4 GPUs, and the committed groups are its own."""
+    import importlib.util
+
+    from traceguard.capture.harness import MATRICES, run_parser
+
+    spec = importlib.util.spec_from_file_location("seed_studies", OWN.parents[1] / "bench" / "gpu" / "seed_studies.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    two, four = module.plan("plugin.so", 2), module.plan("plugin.so", 4)
+    assert [g["name"] for g in two] == [g["name"] for g in four if "4gpu" not in g["name"]]
+    assert set(GROUPS) | {"cuda_graphs_2gpu"} <= {g["name"] for g in four}
+    for group in four:
+        for name, options in (
+            group["runs"].items()
+            if "runs" in group
+            else ((s, [*group["base"], *dict(MATRICES[group["matrix"]])[s]]) for s in group["settings"])
+        ):
+            cfg = run_parser().parse_args([*options, "--out", "x"])
+            assert cfg.world_size == (4 if "4gpu" in group["name"] else 2), (group["name"], name)
+            assert cfg.backend == "nccl" and cfg.compress
+            assert (cfg.nccl_inspector is not None) == group["name"].startswith(("seed003", "waits")), name
