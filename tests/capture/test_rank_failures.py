@@ -62,3 +62,16 @@ def test_a_long_message_is_one_bounded_line_and_the_file_keeps_it_whole() -> Non
     assert len(line) < harness.DIAGNOSTIC_MESSAGE_CHARS + 100
     assert line.startswith("rank 3 failed: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp")
     assert failure["message"] == message
+
+
+def test_damaged_error_files_are_named_not_raised(tmp_path: Path) -> None:
+    """An error file cut short by the dying rank, or not the job's shape: the rank is still listed
+    as failed, with what could be read, and nothing raises."""
+    (tmp_path / "rank0.error.json").write_bytes(b'{"rank": 0, "type": "Runtime\xff')
+    (tmp_path / "rank1.error.json").write_text("[1, 2]")
+    (tmp_path / "rank2.error.json").write_text(json.dumps({"time": "soon", "frames": [3, {"line": 7}], "type": "E"}))
+    failures = harness.rank_failures(tmp_path, 3, "")
+    assert sorted(f["rank"] for f in failures) == [0, 1, 2]
+    lines = [harness.failure_diagnostic(f, i == 0) for i, f in enumerate(failures)]
+    assert any("unreadable error file" in line for line in lines)
+    assert any(line.startswith("rank 2") and "?:7 in ?" in line for line in lines)

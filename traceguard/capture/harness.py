@@ -419,8 +419,11 @@ def rank_failures(out: Path, world: int, log: str) -> list[dict[str, Any]]:
         path = out / f"rank{rank}.error.json"
         if path.exists():
             try:
-                failures[rank] = {**json.loads(path.read_text()), "source": path.name}
-            except (json.JSONDecodeError, OSError):
+                error = json.loads(path.read_text())
+                if not isinstance(error, dict):
+                    raise ValueError("not an object")
+                failures[rank] = {"type": "?", "message": "", **error, "rank": rank, "source": path.name}
+            except (ValueError, OSError):  # JSONDecodeError is a ValueError
                 failures[rank] = {"rank": rank, "type": "?", "message": "unreadable error file", "source": path.name}
     root_at = log.find("Root Cause")  # torchrun's own "first observed failure" section
     root_causes = set()
@@ -442,7 +445,12 @@ def rank_failures(out: Path, world: int, log: str) -> list[dict[str, Any]]:
             "source": "launcher.log",
         }
     return sorted(
-        failures.values(), key=lambda f: (f["rank"] not in root_causes, f.get("time", float("inf")), f["rank"])
+        failures.values(),
+        key=lambda f: (
+            f["rank"] not in root_causes,
+            f["time"] if isinstance(f.get("time"), (int, float)) else float("inf"),
+            f["rank"],
+        ),
     )
 
 
@@ -459,7 +467,8 @@ DIAGNOSTIC_MESSAGE_CHARS = 400
 def failure_diagnostic(failure: dict[str, Any], first: bool) -> str:
     """One line: ``rank 1 failed: RuntimeError: … at file:line in function ← …`` (innermost first)."""
     where = " ← ".join(
-        f"{Path(f['file']).name}:{f['line']} in {f['function']}" for f in reversed(failure.get("frames", [])[-3:])
+        f"{Path(str(f.get('file', '?'))).name}:{f.get('line', '?')} in {f.get('function', '?')}"
+        for f in reversed([f for f in failure.get("frames") or [] if isinstance(f, dict)][-3:])
     )
     message = " ".join(str(failure["message"]).split())  # one line; the error file keeps it whole
     if len(message) > DIAGNOSTIC_MESSAGE_CHARS:
