@@ -11,7 +11,10 @@ budget (the tree a device call carries is capped at 64 MiB), so:
    them trimmed to their first profiled step (:data:`TRIM_STEPS`: more)
    (``trim_capture.py``: as if the job had stopped there; no value changed) and gzipped.
 
-    python bench/gpu/pack_seed_results.py COLLECTED_DIR [--out tests/fixtures/seed_studies]
+    python bench/gpu/pack_seed_results.py COLLECTED_DIR [--out tests/fixtures/seed_studies] [--machine NAME]
+
+A later session's runs (another host of the same kind) go beside the earlier ones with
+``--machine machine_<session>``; a group a cut-short session left part-done gains the new rows.
 
 COLLECTED_DIR holds the group folders and ``machine/`` (the packs untarred, in order).
 """
@@ -38,6 +41,9 @@ GROUPS = {
     "seed001-002_2gpu_p2p": "h200-nvlink",
     "seed001-002_2gpu_shm": "h200-nvlink",
     "seed001-002_4gpu_p2p": "h200-nvlink",
+    "seed001-002_4gpu_shm": "h200-nvlink",
+    "seed003_4gpu": "h200-nvlink",
+    "seed001-002_2gpu_torch": "h200-nvlink",
     "waits_4gpu": "h200-nvlink",
 }
 #: Bundles whose captures are committed (first profiled step), for tests that re-read them:
@@ -65,15 +71,17 @@ INSPECTOR = {
     ("seed003_2gpu", "shm_bucket_view"),
     ("seed003_2gpu", "powersgd_hook_bucket100"),
     ("waits_4gpu", "slow_rank1"),
+    ("seed003_4gpu", "bucket_view"),
+    ("seed003_4gpu", "shm_bucket_view"),
 }
 #: Bundles small enough to keep whole (NCCL inside a CUDA graph: 0.1 MB a capture).
 KEEP_WHOLE = {("cuda_graphs_2gpu", "node"), ("cuda_graphs_2gpu", "graph")}
 SIDE = ("manifest.json", "launcher.log", "topo.txt", "dmon.txt", "sweep.json")
 
 
-def pack(collected: Path, out: Path) -> None:
+def pack(collected: Path, out: Path, machine_name: str = "machine") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    machine = out / "machine"
+    machine = out / machine_name
     machine.mkdir(exist_ok=True)
     for f in (collected / "machine").iterdir():
         if f.is_file() and f.name != "plugin_build.txt":
@@ -87,8 +95,7 @@ def pack(collected: Path, out: Path) -> None:
                 check=True,
                 cwd=REPO,
             )
-            for name in ("results.md", "results.json", "sweep.json"):
-                shutil.copy2(source / name, target / name)
+            _merge_tables(source, target, GROUPS[group])
         for bundle in sorted(p for p in source.iterdir() if p.is_dir()):
             keep = target / bundle.name
             keep.mkdir(exist_ok=True)
@@ -116,6 +123,37 @@ def pack(collected: Path, out: Path) -> None:
                         )
 
 
+def _merge_tables(source: Path, target: Path, profile: str) -> None:
+    """The group's sweep.json and results into ``target``: a later session's rows (a group a cut-short
+    session left part-done, rerun with ``seed_studies.py start --groups GROUP:SETTING``) join the rows
+    committed before, each table row made from its own whole bundle, in the matrix's order."""
+    import json
+
+    from traceguard.capture.harness import MATRICES
+    from traceguard.report.sweep import render_markdown
+
+    new_sweep = json.loads((source / "sweep.json").read_text())
+    new_rows = json.loads((source / "results.json").read_text())["rows"]
+    if (target / "sweep.json").exists() and (target / "results.json").exists():
+        old_sweep = json.loads((target / "sweep.json").read_text())
+        old_rows = json.loads((target / "results.json").read_text())["rows"]
+    else:
+        old_sweep, old_rows = {"settings": []}, []
+    order = [name for name, _ in MATRICES[new_sweep["matrix"]]]
+
+    def merged(old: list[dict], new: list[dict], key: str) -> list[dict]:
+        by_name = {item[key]: item for item in old} | {item[key]: item for item in new}
+        return sorted(by_name.values(), key=lambda item: order.index(item[key]))
+
+    sweep = {**new_sweep, "settings": merged(old_sweep["settings"], new_sweep["settings"], "name")}
+    rows = merged(old_rows, new_rows, "setting")
+    (target / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    (target / "results.json").write_text(
+        json.dumps({"profile": profile, "matrix": new_sweep["matrix"], "rows": rows}, indent=2) + "\n"
+    )
+    (target / "results.md").write_text(render_markdown(rows, profile))
+
+
 def _trimmed(capture: Path, target: Path, steps: int, *, drop_metrics: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         full, cut = Path(tmp) / "full.sqlite", Path(tmp) / "cut.sqlite"
@@ -135,8 +173,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("collected", type=Path)
     p.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "seed_studies")
+    p.add_argument(
+        "--machine", default="machine", help="folder for the machine's facts (a later session's host: its own)"
+    )
     args = p.parse_args()
-    pack(args.collected, args.out)
+    pack(args.collected, args.out, args.machine)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ whatever the session's device time allows is the most useful part:
 Every setting is its own ``sweep --only`` call into its group's folder (the sweep keeps the settings
 run before in ``sweep.json``), and is tarred into ``ready/`` as soon as it ends.
 
-    python3 bench/gpu/seed_studies.py start [--groups G ...]     # detached; returns at once
+    python3 bench/gpu/seed_studies.py start [--groups G[:S,S] ...]  # detached; returns at once
     OUT=/dir python3 bench/gpu/seed_studies.py collect --wait 520  # packs what finished under $OUT
     python3 bench/gpu/seed_studies.py plan                        # prints the plan
 
@@ -322,6 +322,16 @@ def _ready(group: str, item: str, paths: list[Path]) -> None:
                 tar.add(path, arcname=f"{group}/{path.name}")
 
 
+def wanted_settings(wanted: list[str] | None) -> dict[str, set[str] | None]:
+    """``--groups`` items, ``group`` (all its settings) or ``group:setting,setting`` (only those; the
+    rows a cut-short session did not reach), as {group: settings or None}."""
+    chosen: dict[str, set[str] | None] = {}
+    for item in wanted or []:
+        group, _, settings = item.partition(":")
+        chosen[group] = set(settings.split(",")) if settings else None
+    return chosen
+
+
 def run(groups_wanted: list[str] | None, cpu_smoke: bool) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     READY.mkdir(exist_ok=True)
@@ -331,9 +341,18 @@ def run(groups_wanted: list[str] | None, cpu_smoke: bool) -> None:
     if cpu_smoke:
         groups = _cpu_smoke(groups)
     _log(f"start: {gpus} GPUs, plugin {plugin}, groups {[g['name'] for g in groups]}")
+    chosen = wanted_settings(groups_wanted)
+    known = {g["name"] for g in groups}
+    if unknown := sorted(set(chosen) - known):
+        _log(f"not in the plan (with {gpus} GPUs): {unknown}")
     for group in groups:
-        if groups_wanted and group["name"] not in groups_wanted:
+        if chosen and group["name"] not in chosen:
             continue
+        if only := chosen.get(group["name"]):
+            if "runs" in group:
+                group = {**group, "runs": {k: v for k, v in group["runs"].items() if k in only}}
+            else:
+                group = {**group, "settings": [s for s in group["settings"] if s in only]}
         folder = WORK / group["name"]
         folder.mkdir(parents=True, exist_ok=True)
         harness = [sys.executable, "-m", "traceguard.capture.harness"]
@@ -418,7 +437,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="verb", required=True)
     start = sub.add_parser("start", help="run the plan detached (setsid)")
     for q in (start, sub.add_parser("run", help="run the plan in the foreground")):
-        q.add_argument("--groups", nargs="*", help="only these groups")
+        q.add_argument("--groups", nargs="*", help="only these groups; GROUP:S1,S2 runs only those settings")
         q.add_argument("--cpu-smoke", action="store_true", help="the plan shrunk for a CPU (gloo, tiny MLP)")
     c = sub.add_parser("collect", help="pack finished bundles under $OUT")
     c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for more to finish")

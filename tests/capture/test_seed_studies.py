@@ -1,4 +1,4 @@
-"""The seed studies run on real GPUs (issue 28; bench/gpu/seed_studies.py on the lent 4×H200 machine,
+"""The seed studies run on real GPUs (issues 28 and 31; bench/gpu/seed_studies.py on lent 4×H200 machines,
 packed by bench/gpu/pack_seed_results.py into tests/fixtures/seed_studies; bench/gpu/SWEEP.md reads them).
 
 Expected values come from the job's own records and manifests, from NCCL's payloads as the job
@@ -27,7 +27,9 @@ GROUPS = {
     "seed003_2gpu": (2, 18),
     "seed001-002_2gpu_p2p": (2, 10),
     "seed001-002_2gpu_shm": (2, 10),
-    "seed001-002_4gpu_p2p": (4, 3),
+    "seed001-002_4gpu_p2p": (4, 4),
+    "seed001-002_4gpu_shm": (4, 4),
+    "seed003_4gpu": (4, 18),
     "waits_4gpu": (4, 2),
 }
 
@@ -80,7 +82,8 @@ def test_results_tables_give_the_manifests_throughput(group: str) -> None:
         assert row["throughput_spread"] == pytest.approx((max(repeats) - min(repeats)) / statistics.median(repeats))
 
 
-def test_seed003_settings_reached_ddp() -> None:
+@pytest.mark.parametrize("group", ["seed003_2gpu", "seed003_4gpu"])
+def test_seed003_settings_reached_ddp(group: str) -> None:
     for link in ("", "shm_"):
         for setting, (static, view, hook, bucket) in {
             "ddp": (False, False, None, 2000),
@@ -91,19 +94,20 @@ def test_seed003_settings_reached_ddp() -> None:
             "bf16_hook_bucket25": (True, True, "bf16_compress_hook", 25),
             "powersgd_hook_bucket100": (True, True, "powerSGD_hook", 100),
         }.items():
-            for record in _records("seed003_2gpu", link + setting):
+            for record in _records(group, link + setting):
                 ddp = record["ddp"]
                 assert (ddp["static_graph"], ddp["gradient_as_bucket_view"]) == (static, view), link + setting
                 assert ddp.get("registered_comm_hook") == hook and ddp["bucket_cap_bytes"] == bucket * 1024 * 1024
                 assert record["env"].get("NCCL_P2P_DISABLE") == ("1" if link else None)
 
 
-def test_bucket_view_removes_one_gradient_of_device_copies() -> None:
+@pytest.mark.parametrize("group", ["seed003_2gpu", "seed003_4gpu"])
+def test_bucket_view_removes_one_gradient_of_device_copies(group: str) -> None:
     """Without gradient_as_bucket_view each step copies the whole gradient into the bucket: the
     table's DtoD per step drops by the gradient's bytes (the job's own count) with the view on."""
-    gradient = _manifest("seed003_2gpu", "ddp")["gradient_bytes"]
+    gradient = _manifest(group, "ddp")["gradient_bytes"]
     for link in ("", "shm_"):
-        rows = _rows("seed003_2gpu")
+        rows = _rows(group)
         saved = rows[f"{link}static_graph"]["dtod_bytes_per_step"] - rows[f"{link}bucket_view"]["dtod_bytes_per_step"]
         assert saved == pytest.approx(gradient, rel=0.01)
         assert rows[f"{link}static_graph"]["checks"]["dtod_copy_volume"] == "fail"
@@ -122,12 +126,72 @@ def test_fp16_halves_the_broadcast_and_reduce_payload() -> None:
 
 
 def test_shm_runs_are_found_as_shm_and_p2p_runs_as_p2p() -> None:
-    for group, transport in (("seed001-002_2gpu_p2p", ["P2P"]), ("seed001-002_2gpu_shm", ["SHM"])):
-        for setting, row in _rows(group).items():
+    for ranks, link in itertools.product((2, 4), ("p2p", "shm")):
+        transport = [link.upper()]
+        for setting, row in _rows(f"seed001-002_{ranks}gpu_{link}").items():
             assert row["transports"] == transport, setting
-            assert row["checks"]["transport_p2p"] == ("pass" if transport == ["P2P"] else "fail"), setting
-    for setting, row in _rows("seed003_2gpu").items():
-        assert row["transports"] == (["SHM"] if setting.startswith("shm_") else ["P2P"]), setting
+            assert row["checks"]["transport_p2p"] == ("pass" if link == "p2p" else "fail"), setting
+    for group in ("seed003_2gpu", "seed003_4gpu"):
+        for setting, row in _rows(group).items():
+            assert row["transports"] == (["SHM"] if setting.startswith("shm_") else ["P2P"]), setting
+            assert (row["checks"]["transport_p2p"] == "fail") is setting.startswith("shm_"), setting
+
+
+@pytest.mark.parametrize("link", ["p2p", "shm"])
+def test_four_stage_pipelines_send_each_boundary_s_activations_both_ways(link: str) -> None:
+    """Three stage boundaries, each microbatch's activation forward and its gradient back: the
+    table's P2P bytes per step are the job's own stage records' arithmetic, on either transport."""
+    group = f"seed001-002_4gpu_{link}"
+    for setting, row in _rows(group).items():
+        stages = _manifest(group, setting)["workload"]["ranks"]
+        assert [s["stage"] for s in stages] == [0, 1, 2, 3]
+        sent = (len(stages) - 1) * stages[0]["microbatches"] * stages[0]["activation_bytes"] * 2
+        assert row["p2p_sent_bytes_per_step"] == sent == 48 * 2**20, setting
+        assert row["workload_kind"] == "pipeline" and row["bubble"] is not None
+
+
+def test_four_ranks_inspector_bus_bandwidth_is_nccl_s_and_shm_is_slower() -> None:
+    """The Inspector's own lines at 4 ranks: bus bandwidth = algorithm bandwidth × 2(n−1)/n for the
+    all-reduce (NCCL's definition); traceguard's peak is the largest all-reduce's bus bandwidth on
+    its transfer time (the shortest of the 4 ranks' execution times: the last to arrive waited for
+    no one), median over the calls; the one-bucket all-reduce over SHM runs at a fraction of NVLink's."""
+    medians = {}
+    for setting in ("bucket_view", "shm_bucket_view"):
+        folder = SEED / "seed003_4gpu" / setting / "inspector"
+        lines = []
+        for path in sorted(folder.glob("*.log.gz")):
+            with gzip.open(path, "rt") as f:
+                lines += [json.loads(line) for line in f if line.strip()]
+        allreduce = [x for x in lines if x["coll_perf"]["coll"] == "AllReduce"]
+        assert {x["header"]["n_ranks"] for x in lines} == {4} and len({x["header"]["rank"] for x in lines}) == 4
+        for x in allreduce:
+            perf = x["coll_perf"]
+            assert perf["coll_busbw_gbs"] == pytest.approx(perf["coll_algobw_gbs"] * 2 * 3 / 4, rel=1e-5)
+        largest = max(x["coll_perf"]["coll_msg_size_bytes"] for x in allreduce)
+        calls: dict[int, list[int]] = {}
+        for x in allreduce:
+            if x["coll_perf"]["coll_msg_size_bytes"] == largest:
+                calls.setdefault(x["coll_perf"]["coll_sn"], []).append(x["coll_perf"]["coll_exec_time_us"])
+        busbw = statistics.median(largest / (min(t) * 1e3) * 2 * 3 / 4 for t in calls.values() if len(t) == 4)
+        metrics = analyze([str(folder)], profile="h200-nvlink").report["inspector"]["metrics"]
+        assert metrics["inspector_ranks"] == 4 and metrics["allreduce_largest_bytes"] == largest
+        assert metrics["allreduce_peak_busbw_gbps"] == pytest.approx(busbw, rel=1e-6)
+        medians[setting] = busbw
+    assert medians["bucket_view"] > 3 * medians["shm_bucket_view"]
+
+
+def test_kineto_sees_the_workloads_payloads_as_nsys_does() -> None:
+    """The same 2-GPU workloads under torch.profiler: Kineto's collective records give the same
+    bytes per step as the nsys runs (the job's ledger) — the two capture paths agree."""
+    kineto, nsys = _rows("seed001-002_2gpu_torch"), _rows("seed001-002_2gpu_p2p")
+    assert set(kineto) == set(nsys)
+    for setting, row in kineto.items():
+        manifest = _manifest("seed001-002_2gpu_torch", setting)
+        assert manifest["exit_status"] == 0 and manifest["config"]["capture"] == "torch"
+        assert manifest["versions"]["torch"].startswith("2.11.") and manifest["config"]["world_size"] == 2
+        for key in ("rooted_payload_bytes_per_step", "p2p_sent_bytes_per_step", "allreduce_bytes_per_step"):
+            assert row[key] == nsys[setting][key], (setting, key)
+        assert row["workload_kind"] == nsys[setting]["workload_kind"] and row["transports"] == ["P2P"]
 
 
 def test_tensor_parallel_ran_on_torch_2_11_with_one_tensor_type_per_optimizer_group(tmp_path: Path) -> None:
@@ -273,3 +337,8 @@ def test_the_plan_runs_what_the_fixture_holds_and_gates_four_gpu_groups() -> Non
             assert cfg.world_size == (4 if "4gpu" in group["name"] else 2), (group["name"], name)
             assert cfg.backend == "nccl" and cfg.compress
             assert (cfg.nccl_inspector is not None) == group["name"].startswith(("seed003", "waits")), name
+    # A cut-short session's missing rows: GROUP:S1,S2 picks settings, GROUP alone all of them.
+    assert module.wanted_settings(["seed003_4gpu", "seed001-002_4gpu_p2p:pipeline4_1f1b_batched,x"]) == {
+        "seed003_4gpu": None,
+        "seed001-002_4gpu_p2p": {"pipeline4_1f1b_batched", "x"},
+    }
