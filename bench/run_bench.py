@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Time ``traceguard analyze`` against the reference tools on scaled captures, in one run.
 
-    python bench/run_bench.py --nsys bench/work/big.sqlite --kineto bench/work/kineto/rank0.trace.json
+    python bench/run_bench.py --nsys bench/work/big.sqlite --kineto bench/work/kineto/rank0.trace.json \
+        --shape copy-heavy=bench/work/shape_copies.sqlite ...
 
 Measured (each command ``--repeat`` times, interleaved, in a fresh child process):
 
@@ -9,6 +10,9 @@ Measured (each command ``--repeat`` times, interleaved, in a fresh child process
   ``traceguard analyze BIG.sqlite --format json``, the same with ``--step-source inferred``
   (the markers ignored: what step inference costs end to end), and the stage costs inside one
   analysis (``STAGE_CODE``: step inference and the per-collective breakdown against the whole).
+* shapes (``--shape NAME=PATH``, repeatable): other real captures scaled the same way, each a
+  different mix (copies, NVTX ranges, CUDA graph nodes, ranks per file): ``nsys stats`` and the
+  default ``traceguard analyze`` on each, with the same targets.
 * Kineto: Holistic Trace Analysis (load + temporal breakdown + comm/comp overlap + kernel
   breakdown; the reference), plain ``json.load`` of the file, ``traceguard analyze BIG.json``.
 
@@ -43,7 +47,7 @@ VENV_PY = ROOT / ".venv" / "bin" / "python"
 HTA_PY = WORK / "hta-venv" / "bin" / "python"
 
 #: Targets from the issue.
-NSYS_TIME_RATIO = 0.4  # traceguard wall ≤ 0.4 × nsys stats wall
+NSYS_TIME_RATIO = 0.3  # traceguard wall ≤ 0.3 × nsys stats wall (issue 29; issue 13 asked 0.4)
 NSYS_RSS_MB = 1024  # traceguard peak RSS < 1 GB (issue 13: the 10 M-kernel peak falls below 1 GB)
 KINETO_TIME_RATIO = 0.2  # traceguard wall ≤ 0.2 × HTA wall
 STAGE_SHARE = 0.10  # step inference, and the per-collective breakdown, each ≤ 10 % of the analysis
@@ -374,15 +378,23 @@ def tree_revision(tree: Path) -> str:
 
 
 def bench_nsys(
-    db: Path, repeat: int, logs: Path, tg: list[str] | None, baseline: Path | None = None, *, full: bool = True
+    db: Path,
+    repeat: int,
+    logs: Path,
+    tg: list[str] | None,
+    baseline: Path | None = None,
+    *,
+    full: bool = True,
+    prefix: str | None = None,
 ) -> dict:
-    """nsys stats and traceguard on ``db``; ``full=False`` (the GPU metrics block): the default
-    analysis only, no whole-file / inferred / stage runs."""
+    """nsys stats and traceguard on ``db``; ``full=False`` (the GPU metrics block, the shapes): the
+    default analysis only, no whole-file / inferred / stage runs. ``prefix``: of the log files."""
     names = nsys_report_names()
     tools: dict[str, list[dict]] = {"nsys stats": [], "traceguard analyze": []}
     if full:
         tools |= {WHOLE: [], INFERRED: []}
-    prefix = "" if full else "metrics_"
+    if prefix is None:
+        prefix = "" if full else "metrics_"
     if baseline is not None:
         tools[BASELINE] = []
     stages: list[dict] = []
@@ -527,12 +539,14 @@ def bench_kineto(trace: Path, repeat: int, logs: Path, tg: list[str] | None) -> 
 def verdicts(res: dict) -> list[dict]:
     """One table row per tool: ratio vs the reference (median walls) and pass/fail of the targets."""
     rows = []
-    for kind, ref_name, ratio_target, rss_target in (
+    kinds = [
         ("nsys", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB),
         ("nsys_metrics", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB),
+        *((f"shape:{name}", "nsys stats", NSYS_TIME_RATIO, NSYS_RSS_MB) for name in res.get("shapes", {})),
         ("kineto", "HTA", KINETO_TIME_RATIO, None),
-    ):
-        block = res.get(kind)
+    ]
+    for kind, ref_name, ratio_target, rss_target in kinds:
+        block = block_of(res, kind)
         if not block:
             continue
         ref = block["tools"].get(ref_name, {})
@@ -570,6 +584,13 @@ def verdicts(res: dict) -> list[dict]:
                 row["pass"] = bool(ok) if s.get("ok") and ref.get("ok") else None
             rows.append(row)
     return rows
+
+
+def block_of(res: dict, kind: str) -> dict | None:
+    """The measured block of a verdict's kind (``shape:NAME`` for a shape)."""
+    if kind.startswith("shape:"):
+        return res.get("shapes", {}).get(kind.removeprefix("shape:"))
+    return res.get(kind)
 
 
 def fmt_rows(block: dict) -> str:
@@ -640,7 +661,8 @@ def write_markdown(res: dict, path: Path, *, inspector_stream: Path = INSPECTOR_
         "|---|---|---|---|---|---|---|",
     ]
     for row in res["verdicts"]:
-        block = res[row["kind"]]
+        block = block_of(res, row["kind"])
+        assert block is not None
         ref = " (reference)" if row["tool"] in ("nsys stats", "HTA") else ""
         if row.get("ok"):
             wall = f"{row['wall_min_s']:.2f} / {row['wall_median_s']:.2f}"
@@ -653,6 +675,8 @@ def write_markdown(res: dict, path: Path, *, inspector_stream: Path = INSPECTOR_
             passed += f" ({row['part']})"
         err = " (error, see below)" if not row.get("ok") else ""
         label = f"{row['tool']} · with GPU metrics" if row["kind"] == "nsys_metrics" else row["tool"]
+        if row["kind"].startswith("shape:"):
+            label = f"{row['tool']} · shape {row['kind'].removeprefix('shape:')}"
         lines.append(
             f"| {label}{ref}{err} | {fmt_rows(block)} | {wall} | {rss} | {ratio} | {row.get('target', '')} | {passed} |"
         )
@@ -679,9 +703,10 @@ def write_markdown(res: dict, path: Path, *, inspector_stream: Path = INSPECTOR_
                 verdict = "**PASS**" if stages[f"{key}_pass"] else "**FAIL**"
                 lines.append(f"- {label}: {stages[f'{key}_share']:.1%} of the analysis — {verdict}")
     lines += ["", "Rows per table:", ""]
-    for kind in ("nsys", "nsys_metrics", "kineto"):
-        if kind in res:
-            b = res[kind]
+    for kind in ("nsys", "nsys_metrics", *(f"shape:{n}" for n in res.get("shapes", {})), "kineto"):
+        if (b := block_of(res, kind)) is not None:
+            if kind.startswith("shape:"):
+                lines.append(f"- shape **{kind.removeprefix('shape:')}**:")
             counts = ", ".join(f"{k} {v:,}" for k, v in b["rows"].items())
             lines.append(f"- `{Path(b['input']).name}` ({b['size_mb']} MB): {counts}")
             if b.get("scaled_from"):
@@ -722,6 +747,13 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="the same scaled export with GPU metrics added (bench/scale_capture.py gpu-metrics)",
     )
+    ap.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another scaled nsys export, a different mix of events (repeatable)",
+    )
     ap.add_argument("--kineto", type=Path, help="scaled Kineto JSON (bench/scale_capture.py kineto)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--results", type=Path, default=HERE / "results.json")
@@ -733,8 +765,14 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout of traceguard (git worktree add DIR REV) whose default analysis is measured beside",
     )
     args = ap.parse_args(argv)
-    if not args.nsys and not args.kineto:
-        ap.error("give --nsys and/or --kineto")
+    if not args.nsys and not args.kineto and not args.shape:
+        ap.error("give --nsys, --shape and/or --kineto")
+    shapes = {}
+    for item in args.shape:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            ap.error(f"--shape {item!r}: give NAME=PATH of a scaled nsys export")
+        shapes[name] = Path(path)
     args.logs.mkdir(parents=True, exist_ok=True)
     # Two runs at once on 2 cores would time each other (and share logs/ and hta_trace/).
     lock = (WORK / ".run_bench.lock").open("w")
@@ -753,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.nsys_metrics:
         print(f"nsys with GPU metrics: {args.nsys_metrics}")
         res["nsys_metrics"] = bench_nsys(args.nsys_metrics.resolve(), args.repeat, args.logs, tg, full=False)
+    for name, path in shapes.items():
+        print(f"shape {name}: {path}")
+        res.setdefault("shapes", {})[name] = bench_nsys(
+            path.resolve(), args.repeat, args.logs, tg, full=False, prefix=f"shape_{name}_"
+        )
     if args.kineto:
         print(f"kineto: {args.kineto}")
         res["kineto"] = bench_kineto(args.kineto.resolve(), args.repeat, args.logs, tg)
