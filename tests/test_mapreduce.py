@@ -96,6 +96,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory, unpacked) -> dict[str, list[
     return {
         # Two GPU processes in the first file: it takes ranks 0 and 1, the next guess moves to 2.
         "two_processes_first": [str(unpacked(public_nsys("h100_2gpu_1s"))), mock],
+        # The same file alone: it confirms its own two ranks as it is read (no second read).
+        "two_processes_alone": [str(unpacked(public_nsys("h100_2gpu_1s")))],
         # The unreadable first file shifts both position guesses down by one.
         "unreadable_first": [str(empty), mock, other],
         "file_beats_name": [str(misnamed), str(TORCH[0])],
@@ -105,7 +107,15 @@ def cases(tmp_path_factory: pytest.TempPathFactory, unpacked) -> dict[str, list[
     }
 
 
-CASES = ["two_processes_first", "unreadable_first", "file_beats_name", "duplicate", "bundle_of_four", "kineto_pair"]
+CASES = [
+    "two_processes_first",
+    "two_processes_alone",
+    "unreadable_first",
+    "file_beats_name",
+    "duplicate",
+    "bundle_of_four",
+    "kineto_pair",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -121,6 +131,38 @@ def test_process_pool_map_gives_the_whole_in_memory_report(cases: dict[str, list
     expected = _whole_in_memory(cases[case])
     got = pipeline.analyze(cases[case], scheduler="local", jobs=2).report
     assert _same(got) == _same(expected)
+
+
+@pytest.mark.parametrize("sliced_above", [None, 0], ids=["whole", "sliced"])
+def test_a_lone_file_of_two_ranks_is_read_once(
+    cases: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch, sliced_above: int | None
+) -> None:
+    """Planned as one rank (nothing read yet), the export holds two GPU processes: as the run's
+    only input it takes ranks 0 and 1 as it is read, which the run's check then confirms, rather
+    than being read (and, in slices, analysed) a second time under them. With two inputs the
+    check still plans again (``two_processes_first``)."""
+    from traceguard import mapreduce
+    from traceguard.ingest import nsys_slices
+
+    reads: list[str] = []
+    whole, sliced = mapreduce.read_capture, nsys_slices.open_sliced
+
+    def counted_whole(path: Path, **kwargs: Any) -> Any:
+        reads.append("whole")
+        return whole(path, **kwargs)
+
+    def counted_sliced(path: Path, **kwargs: Any) -> Any:
+        reads.append("sliced")
+        return sliced(path, **kwargs)
+
+    monkeypatch.setattr(mapreduce, "read_capture", counted_whole)
+    monkeypatch.setattr(nsys_slices, "open_sliced", counted_sliced)
+    report = pipeline.analyze(cases["two_processes_alone"], scheduler="serial", sliced_above=sliced_above).report
+    assert [i["ranks"] for i in report["inputs"]] == [[0, 1]] and len(report["ranks"]) == 2
+    assert reads == ["sliced" if sliced_above == 0 else "whole"]
+    reads.clear()
+    pipeline.analyze(cases["two_processes_first"], scheduler="serial", sliced_above=sliced_above)
+    assert len(reads) == 4  # both again once the plan is checked: the first's two ranks move the second's
 
 
 def test_the_plan_is_checked_against_what_the_files_say(cases: dict[str, list[str]]) -> None:

@@ -123,6 +123,10 @@ class MapTask:
     #: The caller's working directory: a relative input path is read from there (a Dask worker
     #: runs elsewhere), while the report keeps the path as given.
     base_dir: str = "."
+    #: The run's only input: planned under other ranks than the file holds (several processes in
+    #: one export), it confirms its own ranks at once (:func:`_replanned`) rather than being read
+    #: again under them.
+    only_input: bool = False
 
 
 @dataclass
@@ -293,6 +297,7 @@ def _map_input(task: MapTask) -> MapOutcome:
     outcome.stated = stated_rank(spec, capture.info.rank_hint)
     outcome.width = max(len(pids), 1)
     outcome.uses_rank_count = capture.info.world_size is None
+    task = _replanned(task, outcome)
     assignment = task.assignment
     if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
         return outcome  # planned under other ranks than the file holds: the reducer plans it again
@@ -301,6 +306,23 @@ def _map_input(task: MapTask) -> MapOutcome:
         outcome.copies.append(copy_summary(rank, part))
     outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
     return outcome
+
+
+def _replanned(task: MapTask, outcome: MapOutcome) -> MapTask:
+    """``task`` as :func:`map_run`'s check would confirm it, when it is the run's only input and
+    its read found another width than planned: the same rank resolution over the same facts
+    (:func:`_confirm` of this one outcome), so its results stand and the file is read once.
+    Otherwise ``task`` as it is (the reducer plans it again with every input's facts)."""
+    assignment = task.assignment
+    if not task.only_input or outcome.stated is None:
+        return task
+    if assignment is not None and not assignment.error and len(assignment.ranks) == outcome.width:
+        return task
+    confirmed, ranks_analysed = _confirm({task.index: outcome})
+    mine = confirmed.get(task.index)
+    if mine is None or mine.error:
+        return task
+    return replace(task, assignment=mine, ranks_analysed=ranks_analysed)
 
 
 def _rank_options(task: MapTask) -> dict[str, Any]:
@@ -347,6 +369,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
+            task = _replanned(task, outcome)
             assignment = task.assignment
             if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
                 return outcome  # planned under other ranks than the file holds: the reducer plans it again
@@ -650,7 +673,10 @@ def map_run(
     name = chosen_scheduler(scheduler)
     assignments, expected_ranks = plan(specs)
     here = os.getcwd()
-    tasks = [MapTask(i, spec, assignments.get(i), expected_ranks, options, here) for i, spec in enumerate(specs)]
+    tasks = [
+        MapTask(i, spec, assignments.get(i), expected_ranks, options, here, only_input=len(specs) == 1)
+        for i, spec in enumerate(specs)
+    ]
     outcomes: dict[int, MapOutcome] = {}
     total = len(tasks)
     for task, result in _execute(tasks, name, jobs):
