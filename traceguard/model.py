@@ -315,15 +315,47 @@ def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
         ends = np.sort(end[lo:hi])
         closed = np.searchsorted(ends, start[lo:hi], side="right")
         depth[lo:hi] = np.arange(hi - lo) - closed
-    ordered = ordered.with_columns(pl.Series("depth", np.maximum(depth, 0), dtype=pl.Int32))
-    max_depth = int(ordered["depth"].max() or 0)
+    depth = np.maximum(depth, 0)
+    ordered = ordered.with_columns(pl.Series("depth", depth, dtype=pl.Int32))
+    if not any(ordered[c].null_count() for c in ("pid", "tid", "range_id")):
+        thread = np.zeros(ordered.height, dtype=np.int64)
+        thread[boundary] = 1
+        return ordered.with_columns(_parents(depth, np.cumsum(thread), ordered["range_id"]))
+    return ordered.with_columns(_parents_by_levels(int(depth.max())).alias("parent"))
+
+
+def _parents(depth: np.ndarray, thread: np.ndarray, range_id: pl.Series) -> pl.Series:
+    """Per range (in nesting order, ``thread`` its thread's code), the ``range_id`` of the latest
+    earlier range of its thread one level up; null at level 0 or when there is none. The rule of
+    :func:`_parents_by_levels`, by a binary search per level over the row positions grouped by
+    depth: O(n log n) in all, where the expression is O(levels × n) (seconds at 4.8 M per-op
+    ``emit_nvtx`` ranges)."""
+    rows = np.argsort(depth, kind="stable")  # by depth, each level's rows in order
+    first = np.concatenate(([0], np.cumsum(np.bincount(depth))))
+    ids = range_id.to_numpy()
+    parent = np.full(depth.size, -1, dtype=np.int64)
+    for level in range(1, first.size - 1):
+        above, here = rows[first[level - 1] : first[level]], rows[first[level] : first[level + 1]]
+        if above.size == 0:
+            continue
+        before = np.searchsorted(above, here)  # rows one level up earlier in the order
+        latest = above[np.maximum(before - 1, 0)]
+        found = (before > 0) & (thread[latest] == thread[here])
+        parent[here[found]] = ids[latest[found]]
+    series = pl.Series("parent", parent)
+    return series.set(series < 0, None).cast(pl.Int64)
+
+
+def _parents_by_levels(max_depth: int) -> pl.Expr:
+    """The parent rule as one expression (a forward fill per level over each thread): used where
+    a key is null, which the binary search does not group as ``over`` does."""
     parent = pl.lit(None, dtype=pl.Int64)
     for level in range(1, max_depth + 1):
         last_at_level_above = (
             pl.when(pl.col("depth") == level - 1).then(pl.col("range_id")).forward_fill().over(["pid", "tid"])
         )
         parent = pl.when(pl.col("depth") == level).then(last_at_level_above).otherwise(parent)
-    return ordered.with_columns(parent.alias("parent"))
+    return parent
 
 
 def intern(names: pl.Series) -> tuple[pl.Series, pl.DataFrame]:

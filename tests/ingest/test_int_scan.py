@@ -1,4 +1,4 @@
-"""The C reader of integer columns (``traceguard/ingest/_int_scan.c``) against SQLite itself.
+"""The C reader of integer, text and byte columns (``traceguard/ingest/_int_scan.c``) against SQLite itself.
 
 Expected values come from plain ``sqlite3`` on the same file; the reader must agree value for
 value (nulls included, also past its buffer growth), open files read-only, apply the hardening
@@ -113,6 +113,62 @@ def test_non_integers_read_as_sql_cast_reads_them(tmp_path: Path) -> None:
         _scan(db, "SELECT x FROM t").rename({"x": "v"}),
         _truth(db, "SELECT CAST(x AS INTEGER) AS v FROM t"),
     )
+
+
+@pytest.fixture
+def texts(tmp_path: Path) -> Path:
+    """300 k rows of text of every length up to 300 bytes (the data buffer grows past 1 MB many
+    times), non-ASCII text, numbers and blobs where text belongs, and nulls from row 5."""
+    db = tmp_path / "texts.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (i INTEGER, x, y BLOB)")
+
+    def value(i: int) -> object:
+        return [f"aten::mm, op_id = {i}" * (i % 15), "é→✓ ncclAllReduce", i * 3, 2.5 + i, b"raw\x00bytes", None][i % 6]
+
+    conn.executemany(
+        "INSERT INTO t VALUES (?, ?, ?)",
+        ((i, value(i), None if i % 7 == 5 else bytes(range(i % 256)) * (i % 3)) for i in range(300_000)),
+    )
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_text_and_bytes_match_sqlite_s_casts(texts: Path) -> None:
+    """A 't' column is what ``CAST(x AS TEXT)`` gives, a 'b' column what ``CAST(y AS BLOB)``
+    gives, nulls kept; the SQL the nsys reader sends (IFNULL, the __null flag) likewise."""
+    got = nsys_sqlite.scan_columns(texts, "SELECT i, x, y FROM t", "itb")
+    assert got is not None and got.schema == {"i": pl.Int64, "x": pl.String, "y": pl.Binary}
+    conn = sqlite3.connect(f"file:{texts}?mode=ro", uri=True)
+    try:
+        truth = conn.execute("SELECT i, CAST(x AS TEXT), CAST(y AS BLOB) FROM t").fetchall()
+    finally:
+        conn.close()
+    assert got.rows() == truth
+    assert got["x"].null_count() == 50_000 and got["x"].str.len_bytes().max() > 250
+    sql = "SELECT IFNULL(CAST(x AS TEXT), '') AS x, (x) IS NULL AS x__null FROM t"
+    flagged = nsys_sqlite.scan_columns(texts, sql, "ti")
+    assert flagged is not None and flagged["x"].null_count() == 0
+    assert flagged["x__null"].sum() == 50_000 and flagged["x"].to_list() == [row[1] or "" for row in truth]
+
+
+def test_text_that_is_not_utf8_goes_to_the_reader_that_replaces_it(tmp_path: Path) -> None:
+    """The C reader does not repair text: it says so (None), and the nsys reader's ADBC path
+    reads the bytes with U+FFFD and counts them, as it always did."""
+    db = tmp_path / "bad.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x TEXT)")
+    conn.execute("INSERT INTO t VALUES (CAST(X'6E63636CFF' AS TEXT)), ('fine')")
+    conn.commit()
+    conn.close()
+    assert nsys_sqlite.scan_columns(db, "SELECT x FROM t", "t") is None
+    reader = nsys_sqlite._Reader(sqlite3.connect(f"file:{db}?mode=ro", uri=True), db, "bad.sqlite")
+    try:
+        frame = reader.bulk("t", [("x", "x", nsys_sqlite._TEXT)])
+    finally:
+        reader.close()
+    assert frame["x"].to_list() == ["nccl\ufffd", "fine"] and reader.not_utf8 == {"t": 1}
 
 
 def test_buffers_outlive_the_call_and_frame(numbers: Path) -> None:

@@ -6,15 +6,20 @@
  * 10 M-kernel benchmark file, six integer columns: SQLite alone 2.4 s, connectorx 4.2 s,
  * ADBC 4.8 s). This loop calls sqlite3_column_type/int64 and stores the value, nothing more.
  *
- * scan(uri, sql, setup, limits) -> (names, columns, rows)
+ * scan(uri, sql, setup, limits, kinds) -> (names, columns, rows)
  *   uri     a SQLite "file:" URI, opened read-only (SQLITE_OPEN_READONLY, whatever the URI says)
  *   sql     one SELECT; every column is read as a 64-bit integer, with SQLite's CAST rules for a
  *           non-integer value (as CAST(x AS INTEGER) gives it), NULL kept as null
  *   setup   statements run first (the hardening pragmas)
  *   limits  (category, value) pairs for sqlite3_limit
+ *   kinds   one letter per column: 'i' (the default for a column past its end) a 64-bit integer
+ *           as above; 't' text (sqlite3_column_text: a number as its text), 'b' bytes
+ *           (sqlite3_column_blob); text is not checked for UTF-8 here
  *   names   the result's column names
  *   columns per column (data, validity): data is rows little-endian int64 values; validity is
- *           None when the column has no null, otherwise an Arrow validity bitmap (bit set = value)
+ *           None when the column has no null, otherwise an Arrow validity bitmap (bit set = value);
+ *           a 't' or 'b' column (offsets, data, validity): rows + 1 int64 offsets into data (Arrow's
+ *           large binary layout), a null as an empty value with its validity bit clear
  *   rows    the row count
  * The buffers are read-only objects exporting the buffer protocol (pyarrow.py_buffer takes them
  * without a copy). The GIL is released while SQLite runs. Errors raise scan.Error with SQLite's
@@ -75,7 +80,11 @@ static PyObject *block_new(void *data, Py_ssize_t size) {
 /* ---- the scan (no Python API in here: it runs without the GIL) ------------------------------ */
 
 typedef struct {
-    int64_t *values[MAX_COLUMNS];
+    int64_t *values[MAX_COLUMNS]; /* a 't'/'b' column: its rows + 1 offsets, values[i][0] = 0 */
+    char kinds[MAX_COLUMNS];
+    char *bytes[MAX_COLUMNS]; /* a 't'/'b' column's data */
+    size_t bytes_used[MAX_COLUMNS];
+    size_t bytes_capacity[MAX_COLUMNS];
     uint8_t *validity[MAX_COLUMNS]; /* NULL until the column's first null */
     int columns;
     Py_ssize_t rows;
@@ -88,8 +97,10 @@ static void scan_free(Scan *s) {
     for (int i = 0; i < s->columns; i++) {
         free(s->values[i]);
         free(s->validity[i]);
+        free(s->bytes[i]);
         s->values[i] = NULL;
         s->validity[i] = NULL;
+        s->bytes[i] = NULL;
     }
     free(s->error);
     s->error = NULL;
@@ -109,8 +120,10 @@ static void scan_fail(Scan *s, sqlite3 *db, const char *what) {
 static int scan_grow(Scan *s) {
     Py_ssize_t capacity = s->capacity ? s->capacity * 2 : FIRST_ROWS;
     for (int i = 0; i < s->columns; i++) {
-        int64_t *values = realloc(s->values[i], (size_t)capacity * sizeof(int64_t));
+        int offsets = s->kinds[i] != 'i';
+        int64_t *values = realloc(s->values[i], (size_t)(capacity + offsets) * sizeof(int64_t));
         if (values == NULL) return -1;
+        if (offsets && s->values[i] == NULL) values[0] = 0;
         s->values[i] = values;
         if (s->validity[i] != NULL) {
             uint8_t *bits = realloc(s->validity[i], (size_t)capacity / 8);
@@ -130,6 +143,33 @@ static int scan_start_validity(Scan *s, int i) {
     if (bits == NULL) return -1;
     memset(bits, 0xFF, (size_t)s->capacity / 8);
     s->validity[i] = bits;
+    return 0;
+}
+
+/* Row r of 't'/'b' column i: its bytes appended to the column's data, its end offset stored. */
+static int scan_bytes(Scan *s, sqlite3_stmt *stmt, int i, Py_ssize_t r) {
+    int64_t *offsets = s->values[i];
+    if (sqlite3_column_type(stmt, i) == SQLITE_NULL) {
+        if (s->validity[i] == NULL && scan_start_validity(s, i) != 0) return -1;
+        s->validity[i][r >> 3] &= (uint8_t) ~(1u << (r & 7));
+        offsets[r + 1] = offsets[r];
+        return 0;
+    }
+    /* The pointer first, then its length (SQLite's documented order: the call that converts). */
+    const void *data = s->kinds[i] == 't' ? (const void *)sqlite3_column_text(stmt, i) : sqlite3_column_blob(stmt, i);
+    size_t n = (size_t)sqlite3_column_bytes(stmt, i);
+    if (data == NULL && n > 0) return -1; /* SQLite ran out of memory converting the value */
+    if (s->bytes_used[i] + n > s->bytes_capacity[i]) {
+        size_t capacity = s->bytes_capacity[i] ? s->bytes_capacity[i] : (size_t)1 << 20;
+        while (capacity < s->bytes_used[i] + n) capacity *= 2;
+        char *grown = realloc(s->bytes[i], capacity);
+        if (grown == NULL) return -1;
+        s->bytes[i] = grown;
+        s->bytes_capacity[i] = capacity;
+    }
+    if (n) memcpy(s->bytes[i] + s->bytes_used[i], data, n);
+    s->bytes_used[i] += n;
+    offsets[r + 1] = (int64_t)s->bytes_used[i];
     return 0;
 }
 
@@ -183,6 +223,13 @@ static void scan_run(Scan *s, const char *uri, const char *sql, const char **set
             goto done;
         }
         for (int i = 0; i < columns; i++) {
+            if (s->kinds[i] != 'i') {
+                if (scan_bytes(s, stmt, i, r) != 0) {
+                    s->out_of_memory = 1;
+                    goto done;
+                }
+                continue;
+            }
             /* One column call per value: sqlite3_column_type + sqlite3_column_int64 would be two,
                each with its own bookkeeping (about 20% of the whole read). */
             sqlite3_value *value = sqlite3_column_value(stmt, i);
@@ -232,6 +279,51 @@ static int string_list(PyObject *sequence, const char ***out, Py_ssize_t *count,
     return 0;
 }
 
+/* A 't'/'b' column as (offsets, data, validity | None); the buffers pass to the blocks. */
+static PyObject *bytes_column(Scan *s, int i) {
+    int64_t *offsets = s->values[i];
+    if (offsets == NULL) { /* no rows */
+        offsets = calloc(1, sizeof(int64_t));
+        if (offsets == NULL) return PyErr_NoMemory();
+    }
+    s->values[i] = NULL;
+    PyObject *offsets_block = block_new(offsets, (Py_ssize_t)((size_t)(s->rows + 1) * sizeof(int64_t)));
+    if (offsets_block == NULL) return NULL;
+    char *data = s->bytes[i];
+    if (data == NULL) data = malloc(1); /* no bytes: still a real pointer */
+    else if (s->bytes_used[i] && s->bytes_used[i] < s->bytes_capacity[i]) {
+        char *shrunk = realloc(data, s->bytes_used[i]);
+        if (shrunk != NULL) data = shrunk;
+    }
+    s->bytes[i] = NULL;
+    if (data == NULL) {
+        Py_DECREF(offsets_block);
+        return PyErr_NoMemory();
+    }
+    PyObject *data_block = block_new(data, (Py_ssize_t)s->bytes_used[i]);
+    if (data_block == NULL) {
+        Py_DECREF(offsets_block);
+        return NULL;
+    }
+    PyObject *validity = Py_None;
+    Py_INCREF(Py_None);
+    if (s->validity[i] != NULL) {
+        Py_DECREF(Py_None);
+        validity = block_new(s->validity[i], (Py_ssize_t)((s->rows + 7) / 8));
+        s->validity[i] = NULL;
+        if (validity == NULL) {
+            Py_DECREF(offsets_block);
+            Py_DECREF(data_block);
+            return NULL;
+        }
+    }
+    PyObject *triple = PyTuple_Pack(3, offsets_block, data_block, validity);
+    Py_DECREF(offsets_block);
+    Py_DECREF(data_block);
+    Py_DECREF(validity);
+    return triple;
+}
+
 static PyObject *result_of(Scan *s, char **names) {
     PyObject *name_list = PyList_New(s->columns);
     PyObject *column_list = PyList_New(s->columns);
@@ -242,6 +334,12 @@ static PyObject *result_of(Scan *s, char **names) {
         PyList_SET_ITEM(name_list, i, name);
     }
     for (int i = 0; i < s->columns; i++) {
+        if (s->kinds[i] != 'i') {
+            PyObject *column = bytes_column(s, i);
+            if (column == NULL) goto fail;
+            PyList_SET_ITEM(column_list, i, column);
+            continue;
+        }
         /* Give back what the doubling over-allocated (realloc shrinks in place). */
         size_t bytes = (size_t)s->rows * sizeof(int64_t);
         int64_t *values = s->values[i];
@@ -283,14 +381,21 @@ fail:
 }
 
 static PyObject *scan(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"uri", "sql", "setup", "limits", NULL};
+    static char *keywords[] = {"uri", "sql", "setup", "limits", "kinds", NULL};
     const char *uri;
     const char *sql;
     PyObject *setup_arg = NULL;
     PyObject *limits_arg = NULL;
+    const char *kinds = "";
     (void)module;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|OO:scan", keywords, &uri, &sql, &setup_arg, &limits_arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|OOs:scan", keywords, &uri, &sql, &setup_arg, &limits_arg,
+                                     &kinds))
         return NULL;
+    size_t n_kinds = strlen(kinds);
+    if (n_kinds > MAX_COLUMNS || strspn(kinds, "itb") != n_kinds) {
+        PyErr_SetString(PyExc_ValueError, "kinds: at most 64 of 'i', 't', 'b'");
+        return NULL;
+    }
 
     const char **setup = NULL;
     Py_ssize_t n_setup = 0;
@@ -322,6 +427,7 @@ static PyObject *scan(PyObject *module, PyObject *args, PyObject *kwargs) {
 
     Scan s;
     memset(&s, 0, sizeof(s));
+    for (int i = 0; i < MAX_COLUMNS; i++) s.kinds[i] = (size_t)i < n_kinds ? kinds[i] : 'i';
     char *names[MAX_COLUMNS] = {NULL};
     Py_BEGIN_ALLOW_THREADS
     scan_run(&s, uri, sql, setup, n_setup, limit_ids, limit_values, n_limits, names);
@@ -353,7 +459,8 @@ fail_args:
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
-     "scan(uri, sql, setup=(), limits=()) -> (names, [(data, validity | None)], rows)"},
+     "scan(uri, sql, setup=(), limits=(), kinds='') -> (names, [(data, validity | None) or (offsets, data, "
+     "validity | None)], rows)"},
     {NULL, NULL, 0, NULL},
 };
 
