@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import polars as pl
 
 from traceguard.model import in_threads
+
+try:  # the one-pass search, built at install with a C compiler (setup.py); NumPy otherwise
+    from traceguard.metrics import _breakdown as _native
+except ImportError:  # pragma: no cover - exercised where no compiler was at install
+    _native = None
 
 
 def union_segments(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
@@ -236,6 +242,17 @@ def containing_rows(points: pl.DataFrame, point_col: str, intervals: pl.DataFram
     one_group = int(icode.min()) == int(icode.max())
     fill = {c: low_c for c, (low_c, _) in zip(by, bounds, strict=True)}
     out = np.empty(n, dtype=np.int64)
+    if _native is not None:
+        containing = _native_search(points, point_col, by, bounds, low)
+        iend_c, icode_c, order_c = (np.ascontiguousarray(a, dtype=np.int64) for a in (iend, icode, order))
+        key_c = np.ascontiguousarray(key, dtype=np.int64)
+
+        def native_chunk(lo: int) -> None:
+            p, valid, codes, code = containing(lo, _CHUNK)
+            _native.contain(p, valid, codes, code, key_c, order_c, iend_c, icode_c, low, width, out[lo : lo + len(p)])
+
+        in_threads(native_chunk, range(0, n, _CHUNK))
+        return out
 
     def chunk(lo: int) -> None:  # a chunk of points: every temporary stays small
         part = points.slice(lo, _CHUNK)
@@ -253,6 +270,37 @@ def containing_rows(points: pl.DataFrame, point_col: str, intervals: pl.DataFram
 
     in_threads(chunk, range(0, n, _CHUNK))
     return out
+
+
+def _native_search(
+    points: pl.DataFrame, point_col: str, by: list[str], bounds: list[tuple[int, int]], low: int
+) -> Callable[[int, int], tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int]]:
+    """For the C search: a function giving a chunk's (points, nulls filled; validity or None;
+    group codes, or None with the one code when every point has the same keys), the frame's
+    nulls and constant keys looked at once (the caller has checked every code × width fits)."""
+    nulls = points[point_col].null_count() > 0 or any(points[c].null_count() for c in by)
+    constant: int | None = None
+    if not nulls:
+        ends = [(points[c].min(), points[c].max()) for c in by]
+        if all(a is not None and a == b for a, b in ends):
+            constant = 0
+            for (value, _), (low_c, span) in zip(ends, bounds, strict=True):
+                constant = constant * span + int(value) - low_c  # type: ignore[call-overload]
+    fill = {c: low_c for c, (low_c, _) in zip(by, bounds, strict=True)}
+
+    def chunk(lo: int, rows: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int]:
+        part = points.slice(lo, rows)
+        p = np.ascontiguousarray(part[point_col].fill_null(low).to_numpy(), dtype=np.int64)
+        valid = None
+        if nulls:
+            present = part.select(pl.all_horizontal(pl.col(point_col, *by).is_not_null())).to_series()
+            valid = np.ascontiguousarray(present.to_numpy(), dtype=np.uint8)
+        if constant is not None:
+            return p, valid, None, constant
+        codes = encode_keys(part.select(pl.col(c).fill_null(fill[c]) for c in by), by, bounds)
+        return p, valid, np.ascontiguousarray(codes, dtype=np.int64), 0
+
+    return chunk
 
 
 def gather_rows(values: pl.Series, rows: np.ndarray) -> pl.Series:
