@@ -251,3 +251,20 @@ def test_the_nsys_reader_gives_the_same_capture_with_adbc(
     assert with_c.info == with_adbc.info
     for name in ("gpu_ops", "api_calls", "ranges", "devices", "processes", "strings"):
         assert_frame_equal(getattr(with_c, name), getattr(with_adbc, name), check_exact=True)
+
+
+def test_reads_ahead_only_what_a_scan_reads_in_order(numbers: Path, tmp_path: Path) -> None:
+    """The read-ahead VFS: a whole-table scan, a rowid window read from the middle (in order after
+    its probe) and single-row probes all give SQLite's own rows; a file cut short while nothing
+    reads it fails as SQLite says, never with rows of an earlier read."""
+    for sql in (
+        "SELECT a, b, c, d FROM t",
+        "SELECT a, c FROM t WHERE rowid >= 150000 AND rowid < 150100",
+        "SELECT a FROM t WHERE rowid = 299999",
+        "SELECT d FROM t WHERE rowid IN (1, 70000, 140000, 210000, 280000)",
+    ):
+        assert_frame_equal(_scan(numbers, sql), _truth(numbers, sql))
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(numbers.read_bytes()[: numbers.stat().st_size // 2])
+    with pytest.raises(_int_scan.Error):
+        _scan(cut, "SELECT a, b, c, d FROM t")
