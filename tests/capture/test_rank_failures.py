@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import OWN
 from traceguard.capture import harness
 
 
@@ -75,3 +76,21 @@ def test_damaged_error_files_are_named_not_raised(tmp_path: Path) -> None:
     lines = [harness.failure_diagnostic(f, i == 0) for i, f in enumerate(failures)]
     assert any("unreadable error file" in line for line in lines)
     assert any(line.startswith("rank 2") and "?:7 in ?" in line for line in lines)
+
+
+def test_nsys_that_did_not_start_the_job_is_told_apart(tmp_path: Path) -> None:
+    """The real CI log of nsys 2022.4 exiting before the job ran ("End of file"): the harness
+    names it and starts the run again once; a job that ran (a record or its own error file), a
+    timeout, or a run without nsys is never started again."""
+    log = (OWN / "harness_failures" / "nsys_did_not_start" / "launcher.log").read_text()
+    cfg = harness.run_parser().parse_args(["--world-size", "2", "--capture", "nsys", "--out", str(tmp_path)])
+    why = harness.nsys_did_not_start(cfg, tmp_path, 1, log)
+    assert why is not None and "nsys exited 1 before the job ran" in why and "'End of file'" in why
+    assert harness.nsys_did_not_start(cfg, tmp_path, 124, log) is None
+    assert harness.nsys_did_not_start(cfg, tmp_path, 0, "") is None
+    torch_cfg = harness.run_parser().parse_args(["--world-size", "2", "--capture", "torch", "--out", str(tmp_path)])
+    assert harness.nsys_did_not_start(torch_cfg, tmp_path, 1, log) is None
+    for name in ("rank1.error.json", "rank0.json"):
+        (tmp_path / name).write_text("{}")
+        assert harness.nsys_did_not_start(cfg, tmp_path, 1, log) is None
+        (tmp_path / name).unlink()

@@ -454,6 +454,24 @@ def rank_failures(out: Path, world: int, log: str) -> list[dict[str, Any]]:
     )
 
 
+#: torchrun's own lines in a launcher log (its banner, glog-style lines, a traceback), not nsys's.
+_LAUNCHER_NOISE = re.compile(r"^(\s|\*|[WIEF]\d{4} |Setting OMP_NUM_THREADS|Traceback|torch\.distributed|=|-|$)")
+
+
+def nsys_did_not_start(cfg: argparse.Namespace, out: Path, rc: int, log: str) -> str | None:
+    """Why the launch failed in nsys itself, before any rank's job ran (None otherwise): the job
+    ran under nsys, the launcher failed (not a timeout), and no rank wrote its record or its own
+    error file — the job's Python never got to run, so starting again repeats no work."""
+    if cfg.capture != "nsys" or rc in (0, 124):
+        return None
+    for rank in range(cfg.world_size):
+        if (out / f"rank{rank}.json").exists() or (out / f"rank{rank}.error.json").exists():
+            return None
+    said = [line.strip() for line in log.splitlines() if not _LAUNCHER_NOISE.match(line)]
+    first = said[0][:120] if said else "nothing"
+    return f"nsys exited {rc} before the job ran on any rank (its first words: {first!r})"
+
+
 def _rank_log_tail(log: str, rank: int, lines: int = 3) -> str:
     """The last lines torchrun prefixed with ``[rankN]:`` (its per-rank stderr tag), joined."""
     own = [line.split(":", 1)[1].strip() for line in log.splitlines() if line.startswith(f"[rank{rank}]:")]
@@ -585,10 +603,19 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     cmd = _launch_command(cfg, out, nsys, cuda)
     started = time.time()
     try:
-        proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=cfg.timeout)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, log = 124, f"timed out after {cfg.timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
+        for attempt in (1, 2):
+            try:
+                proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=cfg.timeout)
+                rc, log = proc.returncode, proc.stdout + proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                rc, log = 124, f"timed out after {cfg.timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
+            if attempt == 1 and (why := nsys_did_not_start(cfg, out, rc, log)):
+                # nsys itself failed before the job ran (seen on CI: Debian's nsys 2022.4 printing
+                # "End of file" as two ranks' nsys start at once): once more, and the manifest says so.
+                (out / "launcher.attempt1.log").write_text(log)
+                diagnostics.append(f"{why}; the run was started again (first launcher log: launcher.attempt1.log)")
+                continue
+            break
     finally:
         if dmon is not None:
             dmon.terminate()
