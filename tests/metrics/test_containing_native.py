@@ -3,6 +3,8 @@ the NumPy search gives, with null points and keys, one group or many, keys const
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import polars as pl
 import pytest
@@ -11,6 +13,8 @@ from hypothesis import strategies as st
 
 from traceguard.metrics import intervals
 
+if intervals._native is None and os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+    pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
 pytestmark = pytest.mark.skipif(intervals._native is None, reason="the C extension was not built")
 
 

@@ -415,6 +415,18 @@ static int string_list(PyObject *sequence, const char ***out, Py_ssize_t *count,
     return 0;
 }
 
+/* Column i's validity as a block (its bitmap passes to it), or a new reference to None when the
+   column had no null; NULL with an exception set on failure. */
+static PyObject *validity_block(Scan *s, int i) {
+    if (s->validity[i] == NULL) {
+        Py_INCREF(Py_None);
+        return Py_None;
+    }
+    PyObject *block = block_new(s->validity[i], (Py_ssize_t)((s->rows + 7) / 8));
+    s->validity[i] = NULL;
+    return block;
+}
+
 /* A 't'/'b' column as (offsets, data, validity | None); the buffers pass to the blocks. */
 static PyObject *bytes_column(Scan *s, int i) {
     int64_t *offsets = s->values[i];
@@ -441,17 +453,11 @@ static PyObject *bytes_column(Scan *s, int i) {
         Py_DECREF(offsets_block);
         return NULL;
     }
-    PyObject *validity = Py_None;
-    Py_INCREF(Py_None);
-    if (s->validity[i] != NULL) {
-        Py_DECREF(Py_None);
-        validity = block_new(s->validity[i], (Py_ssize_t)((s->rows + 7) / 8));
-        s->validity[i] = NULL;
-        if (validity == NULL) {
-            Py_DECREF(offsets_block);
-            Py_DECREF(data_block);
-            return NULL;
-        }
+    PyObject *validity = validity_block(s, i);
+    if (validity == NULL) {
+        Py_DECREF(offsets_block);
+        Py_DECREF(data_block);
+        return NULL;
     }
     PyObject *triple = PyTuple_Pack(3, offsets_block, data_block, validity);
     Py_DECREF(offsets_block);
@@ -491,16 +497,10 @@ static PyObject *result_of(Scan *s, char **names) {
         s->values[i] = NULL;
         PyObject *data = block_new(values, (Py_ssize_t)bytes);
         if (data == NULL) goto fail;
-        PyObject *validity = Py_None;
-        Py_INCREF(Py_None);
-        if (s->validity[i] != NULL) {
-            Py_DECREF(Py_None);
-            validity = block_new(s->validity[i], (Py_ssize_t)((s->rows + 7) / 8));
-            s->validity[i] = NULL;
-            if (validity == NULL) {
-                Py_DECREF(data);
-                goto fail;
-            }
+        PyObject *validity = validity_block(s, i);
+        if (validity == NULL) {
+            Py_DECREF(data);
+            goto fail;
         }
         PyObject *pair = PyTuple_Pack(2, data, validity);
         Py_DECREF(data);
