@@ -59,6 +59,9 @@ VIT = ["--model", "vit_l_32", "--batch-size", "32"]
 MLP = ["--model", "mlp", "--mlp-width", "8192", "--mlp-depth", "8", "--batch-size", "256"]
 NSYS = ["--capture", "nsys", "--gpu-metrics", "--gpu-metrics-frequency", "2000"]
 COMMON = ["--backend", "nccl", "--compress", "--timeout", "240"]
+#: The seeds' protocol where a group states it (the sweeps' defaults are the same): 3 warm-up
+#: steps, then 3 × 20 timed steps outside the capture.
+TIMED = ["--warmup", "3", "--timed", "20", "--repeats", "3"]
 
 
 def _settings(matrix: str, stages: int | None = None) -> list[str]:
@@ -110,12 +113,7 @@ def plan(plugin: str | None, gpus: int) -> list[dict[str, Any]]:
                     "2",
                     "--comm",
                     "allreduce",
-                    "--warmup",
-                    "3",
-                    "--timed",
-                    "20",
-                    "--repeats",
-                    "3",
+                    *TIMED,
                     "--steps",
                     "3",
                 ]
@@ -138,12 +136,7 @@ def plan(plugin: str | None, gpus: int) -> list[dict[str, Any]]:
                     "4",
                     "--bucket-cap-mb",
                     "2000",
-                    "--warmup",
-                    "3",
-                    "--timed",
-                    "20",
-                    "--repeats",
-                    "3",
+                    *TIMED,
                     "--steps",
                     "6",
                 ],
