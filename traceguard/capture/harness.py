@@ -602,6 +602,7 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
     dmon, side = _side_files(out)
     cmd = _launch_command(cfg, out, nsys, cuda)
     started = time.time()
+    relaunches: list[dict[str, str]] = []
     try:
         for attempt in (1, 2):
             try:
@@ -613,6 +614,7 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
                 # nsys itself failed before the job ran (seen on CI: Debian's nsys 2022.4 printing
                 # "End of file" as two ranks' nsys start at once): once more, and the manifest says so.
                 (out / "launcher.attempt1.log").write_text(log)
+                relaunches.append({"why": why, "launcher_log": "launcher.attempt1.log"})
                 diagnostics.append(f"{why}; the run was started again (first launcher log: launcher.attempt1.log)")
                 continue
             break
@@ -696,6 +698,9 @@ def run_bundle(cfg: argparse.Namespace) -> dict[str, Any]:
         if (out / "inspector").is_dir()
         else [],
         "side_files": side,
+        # nsys failing before any rank's job ran is retried once; each such start is listed here
+        # (and in diagnostics), so a reader can tell a recovered start from a run that went wrong.
+        "relaunches": relaunches,
         "diagnostics": diagnostics,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
