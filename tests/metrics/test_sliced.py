@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from polars.testing import assert_frame_equal
 
 from tests.conftest import OWN, PUBLIC
 from traceguard.ingest import read_capture, with_rank
+from traceguard.metrics import sliced
 from traceguard.metrics.intervals import union_ns, union_segments
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.metrics.sliced import GroupUnion, UnionDrain, analyse_rank_sliced
@@ -129,9 +131,25 @@ timed_intervals = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.parametrize("loop", ["c", "numpy"])
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(rows=timed_intervals, cuts=st.lists(st.integers(0, 60), max_size=5), clip=st.booleans())
-def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool) -> None:
+def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool, loop: str) -> None:
+    """Both loops (the C one, ``_breakdown.group_union``, and the NumPy one it must equal)."""
+    if loop == "c" and sliced._native is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)")
+        pytest.skip("the C extension was not built")
+    saved = sliced._native
+    if loop == "numpy":
+        sliced._native = None
+    try:
+        _check_group_union(rows, cuts, clip)
+    finally:
+        sliced._native = saved
+
+
+def _check_group_union(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool) -> None:
     frame = pl.DataFrame(
         {"g": [r[0] for r in rows], "start": [r[1] for r in rows], "end": [r[1] + r[2] for r in rows]},
         schema={"g": pl.Int64, "start": pl.Int64, "end": pl.Int64},

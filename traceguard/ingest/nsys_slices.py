@@ -57,6 +57,7 @@ from traceguard.ingest.nsys_sqlite import (
     KERNEL,
     MEMCPY,
     MEMSET,
+    Rows,
     _Reader,
     conform_ops,
     open_reader,
@@ -318,10 +319,9 @@ class SlicedNsys:
     ) -> pl.DataFrame:
         """The ops of rowid ``ranges`` (one per GPU table) and the graph executions starting in
         [lo, hi), through the whole read's own code; each table's starts checked in order."""
-        where = {}
+        where: dict[str, str | Rows] = {}
         for table in tables:
-            first, end = ranges[table.name]
-            where[table.name] = f"WHERE {table.rowid} >= {first} AND {table.rowid} < {end}"
+            where[table.name] = Rows((ranges[table.name],), rowid=table.rowid)
         frames = self._reader.node_ops(where)
         for table, frame in zip(tables, frames, strict=True):
             self._check_order(table, frame, lo, hi)
@@ -565,9 +565,7 @@ class _Launches:
             table = self.tables[index]
             frames = []
             for lo in range(0, len(ranges), _RANGES_PER_QUERY):
-                cond = " OR ".join(
-                    f"({table.rowid} >= {a} AND {table.rowid} < {b})" for a, b in ranges[lo : lo + _RANGES_PER_QUERY]
-                )
+                cond = Rows(tuple(ranges[lo : lo + _RANGES_PER_QUERY]), rowid=table.rowid)
                 read = self.reader.api_table(table.name, cond, self.launch_ids, rowid=table.rowid)
                 frames.append(model.conform(read.with_columns(pl.lit(False).alias("used")), _CACHE_SCHEMA))
             new = pl.concat(frames, how="vertical", rechunk=False)

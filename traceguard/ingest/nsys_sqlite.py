@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +283,7 @@ class _Reader:
         self.shown = shown
         self.tables = real_tables(conn)
         self._columns: dict[str, set[str]] = {}
+        self._layouts: dict[str, tuple[int, dict[str, int]] | None] = {}
         self._adbc: Any = None
         #: :meth:`unnamed_ops_owner`, once found.
         self._owner: object = _UNSET
@@ -309,8 +312,12 @@ class _Reader:
             self._adbc = _adbc_connect(self.db)
         return self._adbc
 
-    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str = "") -> pl.DataFrame:
+    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str | Rows = "") -> pl.DataFrame:
         """Read ``spec`` = [(alias, SQL expression over existing columns, kind)] from ``table``.
+
+        ``where``: a SQL ``WHERE`` clause, or :class:`Rows` (every row when empty). Integer
+        columns read as they are, of the rows :class:`Rows` says, go to the b-tree reader
+        (:meth:`_table_read`) first; SQLite reads whatever it does not take.
 
         The C reader when it is built: integers as ``CAST(x AS INTEGER)`` takes a non-integer
         value, text and bytes as SQLite converts them (the same SQL as ADBC's below); text that is
@@ -325,6 +332,12 @@ class _Reader:
         types = {alias: _DTYPES[kind] for alias, _, kind in spec}
         types.update({f"{alias}__null": pl.Int64() for alias, _, kind in spec if kind == _TEXT})
         ints_only = all(kind == _INT for _, _, kind in spec)
+        rows = Rows() if where == "" else where if isinstance(where, Rows) else None
+        if rows is not None:
+            where = rows.where()
+            if ints_only and (read := self._table_read(table, spec, rows)) is not None:
+                return read
+        assert isinstance(where, str)
         if ints_only and _int_scan is not None:
             return scan_ints(self.db, self._select(table, spec, where, cast=False))
         if _int_scan is not None:
@@ -344,6 +357,59 @@ class _Reader:
                 raise
             break
         return frame.cast({name: dtype for name, dtype in types.items() if name in frame.columns})
+
+    def _table_layout(self, table: str) -> tuple[int, dict[str, int]] | None:
+        """``table``'s root page and the record position of each column the b-tree reader may
+        read (no default value, not part of the primary key); None when it reads none of the
+        table: not an ordinary rowid table, hidden or generated columns, or a journal or WAL file
+        beside the database (rows SQLite would see that the file alone does not hold)."""
+        if table in self._layouts:
+            return self._layouts[table]
+        layout: tuple[int, dict[str, int]] | None = None
+        beside = [Path(f"{self.db}{suffix}") for suffix in ("-wal", "-journal")]
+        found = self.small("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+        if found and not any(p.exists() for p in beside):
+            root, sql = found[0]
+            info = self.small(f'PRAGMA table_xinfo("{table.replace(chr(34), chr(34) * 2)}")')
+            plain = isinstance(root, int) and root > 1 and "WITHOUT ROWID" not in str(sql).upper()
+            if plain and info and all(row[6] == 0 for row in info):
+                layout = (root, {row[1]: pos for pos, row in enumerate(info) if row[4] is None and row[5] == 0})
+        self._layouts[table] = layout
+        return layout
+
+    def _table_read(self, table: str, spec: Sequence[tuple[str, str, str]], rows: Rows) -> pl.DataFrame | None:
+        """``spec``'s integer columns of ``rows`` by the b-tree reader (``_int_scan.table``), when
+        every expression is a column it may read (or the rowid) and the file holds nothing it does
+        not take exactly as SQLite would; None otherwise (the caller asks SQLite)."""
+        if _int_scan is None or not hasattr(_int_scan, "table") or os.environ.get("TRACEGUARD_SQLITE_ONLY"):
+            return None
+        layout = self._table_layout(table)
+        if layout is None:
+            return None
+        root, positions = layout
+        columns = self.columns(table)
+        wanted: list[int] = []
+        for _, expr, _ in spec:
+            if expr in positions:
+                wanted.append(positions[expr])
+            elif expr == rows.rowid and expr not in columns and expr.lower() in ("rowid", "_rowid_", "oid"):
+                wanted.append(-1)
+            else:
+                return None
+        if rows.rowid not in ("rowid", "_rowid_", "oid") or rows.rowid in columns:
+            return None
+        filter_at = -1
+        if rows.column is not None:
+            if rows.column not in positions:
+                return None
+            filter_at = positions[rows.column]
+        ranges = None if rows.ranges is None else [int(v) for span in rows.ranges for v in span]
+        if ranges is not None and any(b < a for a, b in itertools.pairwise(ranges)):
+            return None  # not in order (the C reader walks the ranges as the rowids rise)
+        read = _int_scan.table(
+            str(self.db), root, wanted, [alias for alias, _, _ in spec], ranges, filter_at, sorted(set(rows.values))
+        )
+        return None if read is None else int_frame(*read)
 
     @staticmethod
     def _select(table: str, spec: Sequence[tuple[str, str, str]], where: str, *, cast: bool) -> str:
@@ -629,7 +695,7 @@ class _Reader:
             if column in cols
         ]
 
-    def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]], where: str = "") -> pl.DataFrame:
+    def _gpu_bulk(self, table: str, extra: Sequence[tuple[str, str]], where: str | Rows = "") -> pl.DataFrame:
         frame = self.bulk(table, self._gpu_spec(table, extra), where)
         if "global_pid" in frame.columns:
             return frame.with_columns(_pid_of(pl.col("global_pid")).alias("pid")).drop("global_pid")
@@ -728,10 +794,10 @@ class _Reader:
                 frames.append(graphs)
         return conform_ops(frames)
 
-    def node_ops(self, where: Mapping[str, str] | None = None) -> list[pl.DataFrame]:
+    def node_ops(self, where: Mapping[str, str | Rows] | None = None) -> list[pl.DataFrame]:
         """Kernels, memcpys and memsets, one frame per table the file has, in that order (not
-        yet conformed: :func:`conform_ops`). ``where`` maps a table to the SQL ``WHERE`` clause
-        its rows must meet (a table not named: every row)."""
+        yet conformed: :func:`conform_ops`). ``where`` maps a table to the rows to read (SQL
+        ``WHERE`` clause or :class:`Rows`; a table not named: every row)."""
         where = where or {}
         frames: list[pl.DataFrame] = []
         if KERNEL in self.tables:
@@ -855,18 +921,27 @@ class _Reader:
         return pl.concat(frames, how="vertical", rechunk=False)
 
     def api_table(
-        self, table: str, condition: str = "", launch_ids: Sequence[int] | None = None, rowid: str | None = None
+        self,
+        table: str,
+        condition: str | Rows = "",
+        launch_ids: Sequence[int] | None = None,
+        rowid: str | None = None,
     ) -> pl.DataFrame:
         """One API table's columns as the model types them, minus the null ones; rows meeting
-        ``condition`` (SQL) and, with ``launch_ids``, only calls of those names. With ``rowid``
-        (the rowid's name in ``table``) also an Int64 ``rowid`` column."""
+        ``condition`` (SQL, or :class:`Rows`) and, with ``launch_ids``, only calls of those
+        names. With ``rowid`` (the rowid's name in ``table``) also an Int64 ``rowid`` column."""
         cols = self.columns(table)
-        conditions = [condition] if condition else []
-        if launch_ids is not None and "nameId" in cols:
-            # The range test first: SQLite skips the IN lookup (a b-tree probe) for names outside it.
-            low, high = (min(launch_ids), max(launch_ids)) if launch_ids else (0, -1)
-            conditions.append(f"nameId BETWEEN {int(low)} AND {int(high)} AND nameId IN ({_int_list(launch_ids)})")
-        where = "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
+        where: str | Rows
+        if isinstance(condition, Rows) or not condition:
+            rows = condition if isinstance(condition, Rows) else Rows()
+            if launch_ids is not None and "nameId" in cols:
+                rows = Rows(rows.ranges, "nameId", tuple(int(i) for i in launch_ids), rows.rowid)
+            where = rows
+        else:
+            conditions = [condition]
+            if launch_ids is not None and "nameId" in cols:
+                conditions.append(Rows(column="nameId", values=tuple(launch_ids)).where().removeprefix("WHERE "))
+            where = "WHERE " + " AND ".join(f"({c})" for c in conditions)
         spec = [
             (alias, column, _INT)
             for alias, column in (
@@ -1310,6 +1385,36 @@ def _int_list(values: Sequence[int]) -> str:
     return ",".join(str(int(v)) for v in values) or "NULL"
 
 
+#: The lowest rowid SQLite allows: a range from here means "every rowid up to".
+LOWEST_ROWID = -(1 << 63)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which rows of a table a read takes, said so that both readers take the same ones: rowid
+    ranges ``[lo, hi)`` in order (None: every row) and, with ``column``, only rows whose value
+    there is one of ``values``. ``rowid`` is the name the rowid goes by in that table.
+    :meth:`where` is the SQL of it, for SQLite; :meth:`_Reader.bulk` gives it to the b-tree reader
+    as it is (``_int_scan.table``)."""
+
+    ranges: tuple[tuple[int, int], ...] | None = None
+    column: str | None = None
+    values: tuple[int, ...] = ()
+    rowid: str = "rowid"
+
+    def where(self) -> str:
+        conditions = []
+        if self.ranges is not None:
+            spans = [f"({self.rowid} >= {int(a)} AND {self.rowid} < {int(b)})" for a, b in self.ranges]
+            conditions.append(" OR ".join(spans) if spans else "0")
+        if self.column is not None:
+            # The range test first: SQLite skips the IN lookup (a b-tree probe) for names outside it.
+            low, high = (min(self.values), max(self.values)) if self.values else (0, -1)
+            column = self.column
+            conditions.append(f"{column} BETWEEN {int(low)} AND {int(high)} AND {column} IN ({_int_list(self.values)})")
+        return "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
+
+
 def _pid_of(global_id: pl.Expr) -> pl.Expr:
     """``(globalTid >> 24) & 0xFFFFFF`` as SQLite computes it (floor division = arithmetic shift)."""
     return (global_id // (1 << 24)) & 0xFFFFFF
@@ -1397,7 +1502,7 @@ def _api_calls_worker(argv: list[str]) -> None:
     reader = _Reader(open_readonly(path), path, db)
     try:
         partial = Path(target).with_suffix(".partial")
-        frame = reader.api_table(table, f"{rowid} <= {int(cut)}", launch_ids)
+        frame = reader.api_table(table, Rows(((LOWEST_ROWID, int(cut) + 1),), rowid=rowid), launch_ids)
         frame.write_ipc(partial, compression="uncompressed")
         partial.rename(target)
     finally:

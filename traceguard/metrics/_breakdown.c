@@ -19,7 +19,15 @@
  *   points int64 (n); valid uint8 (n, 0: null point or key) or None; codes int64 (n) the points'
  *   group codes, or None with point_code for all; keys int64 (m) sorted, code × width + start −
  *   low; order int64 (m) the interval row of each key; iend, icode int64 (m) per interval row;
- *   out writable int64 (n): the row, or -1. */
+ *   out writable int64 (n): the row, or -1.
+ *
+ * group_union(keys, start, end, order, prior_keys, prior_reach, clip, uniq, added, reach, at)
+ *   traceguard.metrics.sliced.GroupUnion.feed's per-row sums (which documents the rule and keeps
+ *   the NumPy version this one must equal), one pass through ``order`` (the rows' indices in
+ *   (key, start) order) instead of ~20 NumPy passes: keys, start, end, order int64 (n);
+ *   prior_keys int64 (p, sorted) and prior_reach int64 (p): the groups seen before; clip 0/1;
+ *   uniq, added, reach, at writable int64 (n): per group of this chunk, in key order, its key, the
+ *   length it adds, its new reach and its index in prior_keys (-1: new). Returns the group count. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -210,9 +218,82 @@ done:
     Py_RETURN_NONE;
 }
 
+static PyObject *group_union(PyObject *module, PyObject *args) {
+    PyObject *objs[10];
+    int clip;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOOOOOpOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &clip,
+                          &objs[6], &objs[7], &objs[8], &objs[9]))
+        return NULL;
+    Py_buffer views[10];
+    int got = 0;
+    for (; got < 10; got++) {
+        if (get(objs[got], &views[got], got >= 6, "") < 0) goto fail;
+    }
+    Py_ssize_t n = views[0].len / 8, np_ = views[4].len / 8;
+    int sizes_ok = views[1].len / 8 == n && views[2].len / 8 == n && views[3].len / 8 == n &&
+                   views[5].len / 8 == np_;
+    for (int k = 6; k < 10; k++) sizes_ok = sizes_ok && views[k].len / 8 == n;
+    if (!sizes_ok) {
+        PyErr_SetString(PyExc_ValueError, "group_union: buffers of mismatched lengths");
+        goto fail;
+    }
+    const int64_t *keys = views[0].buf, *start = views[1].buf, *end = views[2].buf, *order = views[3].buf;
+    const int64_t *pkeys = views[4].buf, *preach = views[5].buf;
+    int64_t *uniq = views[6].buf, *added = views[7].buf, *reach = views[8].buf, *at = views[9].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (order[i] < 0 || order[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "group_union: order out of range");
+            goto fail;
+        }
+    }
+    Py_ssize_t groups = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t running = 0, total = 0;
+    Py_ssize_t lo = 0; /* prior_keys searched from here on: groups come in key order */
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t i = order[j];
+        int64_t k = keys[i], s = start[i], e = end[i], before;
+        if (j == 0 || k != uniq[groups - 1]) {
+            if (j > 0) {
+                added[groups - 1] = total;
+                reach[groups - 1] = running;
+            }
+            Py_ssize_t a = lo, b = np_;
+            while (a < b) {
+                Py_ssize_t mid = a + (b - a) / 2;
+                if (pkeys[mid] < k) a = mid + 1;
+                else b = mid;
+            }
+            lo = a;
+            int known = a < np_ && pkeys[a] == k;
+            at[groups] = known ? a : -1;
+            uniq[groups++] = k;
+            running = known ? preach[a] : INT64_MIN;
+            total = 0;
+        }
+        before = running > s ? running : s; /* max(R[i-1], start) */
+        if (e > running) running = e;
+        int64_t row = running - before;
+        if (clip && row < 0) row = 0;
+        total += row;
+    }
+    if (groups > 0) {
+        added[groups - 1] = total;
+        reach[groups - 1] = running;
+    }
+    Py_END_ALLOW_THREADS
+    for (int k = 0; k < 10; k++) PyBuffer_Release(&views[k]);
+    return PyLong_FromSsize_t(groups);
+fail:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&views[k]);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"feed", feed, METH_VARARGS, "Feed a device's ops, sorted by start, to the step breakdown's unions."},
     {"contain", contain, METH_VARARGS, "Per point, the row of the interval that contains it (intervals.containing_rows)."},
+    {"group_union", group_union, METH_VARARGS, "Per group, the union length a chunk adds (sliced.GroupUnion.feed)."},
     {NULL, NULL, 0, NULL},
 };
 

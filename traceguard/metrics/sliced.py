@@ -76,6 +76,11 @@ from traceguard.metrics.timeline import MAX_SEGMENTS, SegmentReducer, TimelinePa
 from traceguard.metrics.workloads import BubbleInputs, may_be_pipeline
 from traceguard.model import OP_KINDS, Capture, bound_heap
 
+try:  # the C loops (traceguard/metrics/_breakdown.c); the NumPy versions below are the reference
+    from traceguard.metrics import _breakdown as _native
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native = None
+
 #: A re-iterable source of a rank's GPU ops in time slices (module docstring); each call starts
 #: a new read.
 OpSlices = Callable[[], Iterable[pl.DataFrame]]
@@ -188,6 +193,9 @@ class GroupUnion:
         start = start.astype(np.int64, copy=False)
         order = np.argsort(start, kind="stable")
         order = order[np.argsort(keys[order], kind="stable")]
+        if _native is not None:
+            self._feed_native(keys, start, end, order)
+            return
         k, s, e = keys[order], start[order], end[order].astype(np.int64, copy=False)
         del order
         n = k.size
@@ -223,8 +231,24 @@ class GroupUnion:
         last[:-1] -= 1
         last[-1] = n - 1
         reach = running[last]
-        # Write the state back: known groups in place, new ones merged in key order.
-        idx = at[known]
+        self._update(uniq, added, reach, at[known], known)
+
+    def _feed_native(self, keys: np.ndarray, start: np.ndarray, end: np.ndarray, order: np.ndarray) -> None:
+        """:meth:`feed`'s sums by the C loop (``_breakdown.group_union``, one pass through the
+        rows in (key, start) order); the state is updated as below."""
+        assert _native is not None
+        n = keys.size
+        uniq, added, reach, at = (np.empty(n, dtype=np.int64) for _ in range(4))
+        as_int64 = (np.ascontiguousarray(a, dtype=np.int64) for a in (keys, start, end, order))
+        groups = _native.group_union(*as_int64, self.keys, self.reach, self.clip, uniq, added, reach, at)
+        uniq, added, reach, at = uniq[:groups], added[:groups], reach[:groups], at[:groups]
+        known = at >= 0
+        self._update(uniq, added, reach, at[known], known)
+
+    def _update(
+        self, uniq: np.ndarray, added: np.ndarray, reach: np.ndarray, idx: np.ndarray, known: np.ndarray
+    ) -> None:
+        """Write a chunk's groups back: known ones in place, new ones merged in key order."""
         self.reach[idx] = reach[known]
         self.total[idx] += added[known]
         new = ~known

@@ -1,0 +1,263 @@
+"""The b-tree reader (``_int_scan.table``, through ``_Reader._table_read``) against SQLite itself.
+
+It reads integer columns of a rowid table by walking the file's pages, so it must give exactly
+SQLite's rows — on every table of every real capture at hand (public ones of several nsys
+generations, our own H200 exports), for whole tables, rowid ranges and value filters — and give
+way to SQLite (return None) wherever the file holds what it does not take exactly as SQLite
+would. A damaged or hostile file must never crash it or make it read what SQLite would not.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import OWN, PUBLIC_NSYS
+from traceguard.ingest import nsys_sqlite
+from traceguard.ingest.nsys_sqlite import Rows
+from traceguard.ingest.sqlite_safe import open_readonly
+
+if (nsys_sqlite._int_scan is None or not hasattr(nsys_sqlite._int_scan, "table")) and os.environ.get(
+    "TRACEGUARD_REQUIRE_NATIVE"
+) == "1":
+    pytest.fail("traceguard.ingest._int_scan was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
+pytestmark = pytest.mark.skipif(nsys_sqlite._int_scan is None, reason="the C reader was not built")
+
+CAPTURES = [*PUBLIC_NSYS, *sorted(OWN.glob("h200/*_nsys*/cap_0.sqlite.gz"))]
+
+
+def _reader(db: Path) -> nsys_sqlite._Reader:
+    return nsys_sqlite._Reader(open_readonly(db), db, str(db))
+
+
+def _sqlite(db: Path, table: str, columns: list[str], rows: Rows) -> pl.DataFrame:
+    quoted = ", ".join(f'"{c}" AS "{c}"' if c != rows.rowid else f"{c} AS {c}" for c in columns)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        cursor = conn.execute(f'SELECT {quoted} FROM "{table}" {rows.where()}')
+        got = cursor.fetchall()
+    finally:
+        conn.close()
+    return pl.DataFrame(got, schema={c: pl.Int64 for c in columns}, orient="row")
+
+
+def _integer_only(db: Path, table: str, column: str) -> bool:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        kinds = {k for (k,) in conn.execute(f'SELECT DISTINCT typeof("{column}") FROM "{table}"')}
+    finally:
+        conn.close()
+    return kinds <= {"integer", "null"}
+
+
+def _read(reader: nsys_sqlite._Reader, table: str, columns: list[str], rows: Rows) -> pl.DataFrame | None:
+    return reader._table_read(table, [(c, c, "int") for c in columns], rows)
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[f"{p.parent.name}/{p.name}"[-60:] for p in CAPTURES])
+def test_every_integer_column_of_every_table_is_sqlite_s(path: Path, unpacked) -> None:
+    """Every table of a real capture, every column the reader may take: the whole table, three
+    rowid ranges, and a value filter on the first column give SQLite's rows, value for value; a
+    column holding anything but integers sends the read to SQLite (None)."""
+    db = unpacked(path)
+    reader = _reader(db)
+    checked = 0
+    try:
+        for table in sorted(reader.tables):
+            layout = reader._table_layout(table)
+            if layout is None:
+                continue
+            columns = sorted(layout[1], key=layout[1].__getitem__)
+            whole = Rows()
+            for column in columns:
+                read = _read(reader, table, [column, "rowid"], whole)
+                if not _integer_only(db, table, column):
+                    assert read is None, (table, column)
+                    continue
+                assert read is not None, (table, column)
+                expected = _sqlite(db, table, [column, "rowid"], whole)
+                assert read.equals(expected), (table, column)
+                checked += 1
+                if read.height < 3:
+                    continue
+                rowids = read["rowid"]
+                first, third, half = (int(rowids[i]) for i in (0, len(rowids) // 3, len(rowids) // 2))
+                ranged = Rows(((first - 5, first + 1), (max(third, first + 1), half + 1), (half + 3, 1 << 62)))
+                assert _read(reader, table, [column, "rowid"], ranged).equals(
+                    _sqlite(db, table, [column, "rowid"], ranged)
+                ), (table, column)
+                values = tuple(sorted({int(v) for v in read[column].drop_nulls().head(3)}))
+                if values:
+                    only = Rows(column=column, values=values)
+                    assert _read(reader, table, ["rowid", column], only).equals(
+                        _sqlite(db, table, ["rowid", column], only)
+                    ), (table, column)
+    finally:
+        reader.close()
+    assert checked > 0
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 k rows over a three-level b-tree (small pages), rowids with gaps, nulls and extremes."""
+    db = tmp_path_factory.mktemp("btree") / "deep.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA page_size = 512")
+    conn.execute("CREATE TABLE t (a INTEGER, b INTEGER, c INTEGER)")
+    extremes = (-(1 << 63), (1 << 63) - 1, 0, 1, -1, 127, -128, 1 << 40, -(1 << 47))
+    conn.executemany(
+        "INSERT INTO t (rowid, a, b, c) VALUES (?, ?, ?, ?)",
+        (
+            (3 * i + (i % 7), extremes[i % len(extremes)], None if i % 5 == 0 else i * 1_000_003, i % 11)
+            for i in range(300_000)
+        ),
+    )
+    conn.commit()
+    conn.close()
+    return db
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    cuts=st.lists(st.integers(-10, 950_000), max_size=8),
+    values=st.none() | st.lists(st.integers(-2, 12), max_size=4),
+)
+def test_ranges_and_filters_on_a_deep_tree_are_sqlite_s(deep: Path, cuts: list[int], values: list[int] | None) -> None:
+    bounds = sorted(cuts)
+    spans = tuple(zip(bounds[::2], bounds[1::2], strict=False))
+    rows = Rows(spans if cuts else None, "c" if values is not None else None, tuple(values or ()))
+    reader = _reader(deep)
+    try:
+        read = _read(reader, "t", ["rowid", "a", "b", "c"], rows)
+    finally:
+        reader.close()
+    assert read is not None
+    assert read.equals(_sqlite(deep, "t", ["rowid", "a", "b", "c"], rows))
+
+
+def _made(tmp_path: Path, *statements: str) -> Path:
+    db = tmp_path / "made.sqlite"
+    conn = sqlite3.connect(db)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_what_it_does_not_take_goes_to_sqlite(tmp_path: Path) -> None:
+    """A float or a text in a column read or filtered, a value needed on an overflow page, a
+    WITHOUT ROWID table, a generated column, a WAL file beside the database: None (SQLite
+    reads those rows); a column with a default or in the primary key is not offered. A row
+    whose spilled part holds nothing needed is read from its page."""
+    db = _made(
+        tmp_path,
+        "CREATE TABLE f (a INTEGER, b INTEGER)",
+        "INSERT INTO f VALUES (1, 2), (2.5, 3), (4, 5)",
+        "CREATE TABLE s (a, b INTEGER)",  # no type: the text stays text
+        "INSERT INTO s VALUES (1, 2), ('7', 3)",
+        "CREATE TABLE big (a INTEGER, blob BLOB)",
+        "INSERT INTO big VALUES (1, zeroblob(10000))",
+        "CREATE TABLE spilled (blob BLOB, a INTEGER)",
+        "INSERT INTO spilled VALUES (zeroblob(10000), 1)",
+        "CREATE TABLE w (k INTEGER PRIMARY KEY, v INTEGER) WITHOUT ROWID",
+        "INSERT INTO w VALUES (1, 2)",
+        "CREATE TABLE g (a INTEGER, b INTEGER GENERATED ALWAYS AS (a * 2) VIRTUAL)",
+        "INSERT INTO g (a) VALUES (1)",
+        "CREATE TABLE d (a INTEGER, b INTEGER DEFAULT 7, id INTEGER PRIMARY KEY)",
+        "INSERT INTO d (a) VALUES (1)",
+    )
+    reader = _reader(db)
+    try:
+        assert _read(reader, "f", ["b"], Rows()) is not None  # the float is in another column
+        assert _read(reader, "f", ["a"], Rows()) is None
+        assert _read(reader, "f", ["b"], Rows(column="a", values=(1,))) is None
+        assert _read(reader, "s", ["a"], Rows()) is None
+        assert _read(reader, "big", ["a"], Rows()).equals(_sqlite(db, "big", ["a"], Rows()))  # a spilled blob after
+        assert _read(reader, "spilled", ["a"], Rows()) is None  # the value itself on an overflow page
+        assert reader._table_layout("w") is None
+        assert reader._table_layout("g") is None
+        assert _read(reader, "d", ["a", "rowid"], Rows()) is not None
+        assert _read(reader, "d", ["b"], Rows()) is None and _read(reader, "d", ["id"], Rows()) is None
+    finally:
+        reader.close()
+    (tmp_path / "made.sqlite-wal").write_bytes(b"")
+    reader = _reader(db)
+    try:
+        assert _read(reader, "f", ["b"], Rows()) is None
+    finally:
+        reader.close()
+
+
+def test_a_column_added_later_reads_null_in_older_rows(tmp_path: Path) -> None:
+    """Rows written before ``ALTER TABLE ADD COLUMN`` end early; SQLite gives NULL there."""
+    db = _made(
+        tmp_path,
+        "CREATE TABLE t (a INTEGER)",
+        "INSERT INTO t VALUES (1), (2)",
+        "ALTER TABLE t ADD COLUMN b INTEGER",
+        "INSERT INTO t VALUES (3, 30)",
+    )
+    reader = _reader(db)
+    try:
+        read = _read(reader, "t", ["a", "b"], Rows())
+    finally:
+        reader.close()
+    assert read is not None and read.equals(_sqlite(db, "t", ["a", "b"], Rows()))
+    assert read["b"].to_list() == [None, None, 30]
+
+
+@pytest.fixture(scope="module")
+def small_capture(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real export's bytes (the smallest own H200 capture) to damage."""
+    import gzip
+
+    return gzip.decompress((OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz").read_bytes())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    hits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=30),
+    run=st.integers(1, 64),
+)
+def test_a_damaged_file_never_crashes_it_nor_reads_what_sqlite_would_not(
+    small_capture: bytes, tmp_path_factory: pytest.TempPathFactory, hits: list[tuple[float, int]], run: int
+) -> None:
+    """Bytes overwritten anywhere in the kernel table's pages (runs of one value): the reader
+    returns None or rows; when SQLite also reads the table, the rows are the same."""
+    db = tmp_path_factory.mktemp("damaged") / "cap.sqlite"
+    data = bytearray(small_capture)
+    page = int.from_bytes(data[16:18], "big")
+    table = nsys_sqlite.KERNEL
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(bytes(data))
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    conn.close()
+    lo = (root - 1) * page
+    for where, value in hits:
+        at = lo + int(where * (len(data) - lo - run))
+        data[at : at + run] = bytes([value]) * run
+    db.write_bytes(bytes(data))
+    columns = ["start", "end", "deviceId", "correlationId"]
+    try:
+        reader = _reader(db)
+    except Exception:  # the damage reached what opening checks: nothing for the b-tree reader to read
+        return
+    try:
+        layout = reader._table_layout(table)
+        read = _read(reader, table, columns, Rows()) if layout else None
+    finally:
+        reader.close()
+    if read is None:
+        return
+    try:
+        expected = _sqlite(db, table, columns, Rows())
+    except (sqlite3.DatabaseError, TypeError, OverflowError, ValueError):
+        return  # SQLite calls it damaged (or holds non-integers): the analysis fails there anyway
+    assert read.equals(expected)
