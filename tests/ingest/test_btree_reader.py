@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import OWN, PUBLIC_NSYS
 from traceguard.ingest import nsys_sqlite
-from traceguard.ingest.nsys_sqlite import Rows
+from traceguard.ingest.rows import Rows
 from traceguard.ingest.sqlite_safe import open_readonly
 
 if (nsys_sqlite._int_scan is None or not hasattr(nsys_sqlite._int_scan, "table")) and os.environ.get(

@@ -630,6 +630,7 @@ typedef struct {
     Py_ssize_t range_at; /* the first range a later rowid can fall in */
     const int *wanted; int n_wanted; int max_wanted;
     int filter_column; const int64_t *filter; Py_ssize_t n_filter;
+    uint8_t read_here[MAX_COLUMNS]; /* per record column: read (wanted or filtered) */
     int64_t last_rowid; int any_rowid;
     Scan *scan;
     int unsupported; /* 1: give up (the caller reads through SQLite) */
@@ -740,11 +741,7 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
     uint64_t body = header_len; /* the next value's offset in the payload */
     int64_t values[MAX_COLUMNS];
     uint8_t present[MAX_COLUMNS];
-    uint8_t read_here[MAX_COLUMNS];
-    memset(read_here, 0, (size_t)t->max_wanted + 1);
-    for (int w = 0; w < t->n_wanted; w++)
-        if (t->wanted[w] >= 0) read_here[t->wanted[w]] = 1;
-    if (t->filter_column >= 0) read_here[t->filter_column] = 1;
+    const uint8_t *read_here = t->read_here;
     int reached = 0; /* the record's columns parsed (a record may end before the table's last) */
     for (; reached <= t->max_wanted && h < h_end; reached++) {
         uint64_t type, size;
@@ -949,6 +946,9 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     t.ranges = ranges;
     t.n_ranges = n_ranges;
     t.filter_column = filter_column;
+    for (int w = 0; w < t.n_wanted; w++)
+        if (wanted[w] >= 0) t.read_here[wanted[w]] = 1;
+    if (filter_column >= 0) t.read_here[filter_column] = 1;
     t.filter = filter;
     t.n_filter = n_filter;
     t.scan = &s;

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import polars as pl
 
 from traceguard import model
+from traceguard.ingest.rows import Rows
 
 #: Normalized metric → raw-name patterns, tried in order: the first pattern that matches any of
 #: the capture's names wins, and every name it matches is summed (requests + responses).
@@ -53,7 +54,7 @@ class _Source(Protocol):
 
     def columns(self, table: str) -> set[str]: ...
     def small(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str = "") -> pl.DataFrame: ...
+    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str | Rows = "") -> pl.DataFrame: ...
 
 
 @dataclass
@@ -78,7 +79,7 @@ class GpuMetricsInfo:
 #: GPU_METRICS rows scanned per chunk (by rowid): the read holds one chunk's integers at a time.
 CHUNK_ROWS = 1_000_000
 
-Bulk = Callable[[str, Sequence[tuple[str, str, str]], str], pl.DataFrame]
+Bulk = Callable[[str, Sequence[tuple[str, str, str]], "str | Rows"], pl.DataFrame]
 
 
 @dataclass
@@ -125,13 +126,7 @@ def load_link_samples(plan: LinkPlan, bulk: Bulk) -> tuple[pl.DataFrame, dict[st
     """The samples of ``plan`` (:data:`model.LINK_SAMPLES_SCHEMA`), their info as a dict, or why
     none. ``bulk(table, spec, where)`` reads integer columns (the nsys reader's). Safe to run on
     another thread than the plan's when ``bulk`` opens its own connection (the C reader does)."""
-    ids = sorted({m for _, m in plan.wanted})
-    # A bit mask tests a row in one shift (SQLite: 1.0 s for 17 M rows where `metricId IN (...)`,
-    # a lookup in a temporary index per row, takes 1.4 s); ids beyond a 63-bit mask use the list.
-    if all(0 <= m < 63 for m in ids):
-        wanted_row = f"(({sum(1 << m for m in ids)} >> metricId) & 1) = 1"
-    else:
-        wanted_row = f"metricId IN ({', '.join(map(str, ids))})"
+    ids = tuple(sorted({m for _, m in plan.wanted}))
     types = sorted({t for t, _ in plan.wanted})
     # One GPU's counters (one collector per rank, the usual file): its typeId need not be read.
     spec = [("time", "timestamp", "int"), ("metric_id", "metricId", "int"), ("value", "value", "int")]
@@ -141,8 +136,7 @@ def load_link_samples(plan: LinkPlan, bulk: Bulk) -> tuple[pl.DataFrame, dict[st
     carry: pl.DataFrame | None = None
     invalid = 0
     for low in range(0, plan.max_rowid + 1, CHUNK_ROWS):
-        where = f"WHERE rowid >= {low} AND rowid < {low + CHUNK_ROWS} AND {wanted_row}"
-        chunk = bulk("GPU_METRICS", spec, where)
+        chunk = bulk("GPU_METRICS", spec, Rows(((low, low + CHUNK_ROWS),), "metricId", ids))
         if len(types) == 1:
             chunk = chunk.with_columns(pl.lit(types[0], dtype=pl.Int64).alias("type_id"))
         # A throughput outside 0..100 % is no measurement (a damaged file): that counter of that
