@@ -93,7 +93,7 @@ def test_every_integer_column_of_every_table_is_sqlite_s(path: Path, unpacked) -
                     _sqlite(db, table, [column, "rowid"], ranged)
                 ), (table, column)
                 values = tuple(sorted({int(v) for v in read[column].drop_nulls().head(3)}))
-                if values:
+                if values and layout[1][column] >= 0:  # an INTEGER PRIMARY KEY (the rowid) is not a filter
                     only = Rows(column=column, values=values)
                     assert _read(reader, table, ["rowid", column], only).equals(
                         _sqlite(db, table, ["rowid", column], only)
@@ -154,7 +154,8 @@ def _made(tmp_path: Path, *statements: str) -> Path:
 def test_what_it_does_not_take_goes_to_sqlite(tmp_path: Path) -> None:
     """A float or a text in a column read or filtered, a value needed on an overflow page, a
     WITHOUT ROWID table, a generated column, a WAL file beside the database: None (SQLite
-    reads those rows); a column with a default or in the primary key is not offered. A row
+    reads those rows); a column with a default or in a primary key other than the rowid is not
+    offered (INTEGER PRIMARY KEY is the rowid, but not with DESC nor as INT). A row
     whose spilled part holds nothing needed is read from its page."""
     db = _made(
         tmp_path,
@@ -172,6 +173,10 @@ def test_what_it_does_not_take_goes_to_sqlite(tmp_path: Path) -> None:
         "INSERT INTO g (a) VALUES (1)",
         "CREATE TABLE d (a INTEGER, b INTEGER DEFAULT 7, id INTEGER PRIMARY KEY)",
         "INSERT INTO d (a) VALUES (1)",
+        "CREATE TABLE desc_key (id INTEGER PRIMARY KEY DESC, v INTEGER)",  # not the rowid: a key of its own
+        "INSERT INTO desc_key VALUES (5, 1)",
+        "CREATE TABLE int_key (id INT PRIMARY KEY, v INTEGER)",  # INT, not INTEGER: not the rowid either
+        "INSERT INTO int_key VALUES (6, 1)",
     )
     reader = _reader(db)
     try:
@@ -184,7 +189,11 @@ def test_what_it_does_not_take_goes_to_sqlite(tmp_path: Path) -> None:
         assert reader._table_layout("w") is None
         assert reader._table_layout("g") is None
         assert _read(reader, "d", ["a", "rowid"], Rows()) is not None
-        assert _read(reader, "d", ["b"], Rows()) is None and _read(reader, "d", ["id"], Rows()) is None
+        assert _read(reader, "d", ["b"], Rows()) is None
+        assert _read(reader, "d", ["id"], Rows()).equals(_sqlite(db, "d", ["id"], Rows()))  # the rowid itself
+        for keyed in ("desc_key", "int_key"):
+            assert _read(reader, keyed, ["id"], Rows()) is None
+            assert _read(reader, keyed, ["v", "rowid"], Rows()).equals(_sqlite(db, keyed, ["v", "rowid"], Rows()))
     finally:
         reader.close()
     (tmp_path / "made.sqlite-wal").write_bytes(b"")
@@ -261,3 +270,75 @@ def test_a_damaged_file_never_crashes_it_nor_reads_what_sqlite_would_not(
     except (sqlite3.DatabaseError, TypeError, OverflowError, ValueError):
         return  # SQLite calls it damaged (or holds non-integers): the analysis fails there anyway
     assert read.equals(expected)
+
+
+def _sql_spec(reader: nsys_sqlite._Reader, table: str, spec: list[tuple[str, str, str]], rows: Rows) -> pl.DataFrame:
+    """The same columns by SQLite (the reader's own SQL for them), typed as ``bulk`` types them."""
+    frame = nsys_sqlite.scan_columns(
+        reader.db,
+        reader._select(table, spec, rows.where(), cast=False),
+        "".join({"text": "ti", "blob": "b"}.get(kind, "i") for _, _, kind in spec),
+    )
+    assert frame is not None
+    return frame
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[f"{p.parent.name}/{p.name}"[-60:] for p in CAPTURES])
+def test_text_and_bytes_are_sqlite_s(path: Path, unpacked) -> None:
+    """The NVTX ranges' text (with its null flag) and payload bytes, and the string table, as the
+    nsys reader asks for them: the b-tree reader's rows are SQLite's, or it gives way."""
+    db = unpacked(path)
+    reader = _reader(db)
+    try:
+        cases = [("StringIds", [("id", "id", "int"), ("value", "value", "text")], Rows())]
+        cols = reader.columns(nsys_sqlite.NVTX)
+        if {"start", "text", "eventType"} <= cols:
+            spec = [("start", "start", "int"), ("text", "text", "text")]
+            if "binaryData" in cols:
+                spec.append(("payload", "binaryData", "blob"))
+            cases.append((nsys_sqlite.NVTX, spec, Rows(column="eventType", values=(59, 60))))
+        for table, spec, rows in cases:
+            if table not in reader.tables:
+                continue
+            read = reader._table_read(table, spec, rows)
+            if read is None:
+                continue  # given way: SQLite reads it (the whole-capture test covers that path)
+            assert read.equals(_sql_spec(reader, table, spec, rows)), table
+    finally:
+        reader.close()
+
+
+def test_text_columns_as_sql_casts_give_them(tmp_path: Path) -> None:
+    """NULL text reads '' with its flag set; text and blobs read as their bytes; a number in a text
+    column, or a database storing text as UTF-16, goes to SQLite."""
+    db = _made(
+        tmp_path,
+        "CREATE TABLE t (a INTEGER, s TEXT, b BLOB)",
+        "INSERT INTO t VALUES (1, 'x', X'00ff'), (2, NULL, NULL), (3, '', 'text in a blob column')",
+        "INSERT INTO t VALUES (4, CAST(X'C3A9' AS TEXT), zeroblob(3))",
+        "CREATE TABLE n (s)",
+        "INSERT INTO n VALUES ('a'), (7)",
+    )
+    spec = [("a", "a", "int"), ("s", "s", "text"), ("b", "b", "blob")]
+    reader = _reader(db)
+    try:
+        read = reader._table_read("t", spec, Rows())
+        assert read is not None
+        assert read.equals(_sql_spec(reader, "t", spec, Rows()))
+        assert read["s"].to_list() == ["x", "", "", "é"] and read["s__null"].to_list() == [0, 1, 0, 0]
+        assert reader._table_read("n", [("s", "s", "text")], Rows()) is None
+    finally:
+        reader.close()
+    wide = tmp_path / "utf16.sqlite"
+    conn = sqlite3.connect(wide)
+    conn.execute("PRAGMA encoding = 'UTF-16le'")
+    conn.execute("CREATE TABLE t (a INTEGER, s TEXT)")
+    conn.execute("INSERT INTO t VALUES (1, 'x')")
+    conn.commit()
+    conn.close()
+    reader = _reader(wide)
+    try:
+        assert reader._table_read("t", [("s", "s", "text")], Rows()) is None
+        assert reader._table_read("t", [("a", "a", "int")], Rows()) is not None  # integers have no encoding
+    finally:
+        reader.close()

@@ -27,10 +27,14 @@
  *   0.7 s for the kernels' six columns against SQLite's 2.2 s; SQLite's per-row cost is its virtual
  *   machine, not the file). columns: each wanted column's index in the record, -1 for the rowid;
  *   ranges: flat (lo, hi) rowid bounds [lo, hi), sorted and disjoint, or None for every row;
- *   filter_column (-1: none): only rows whose that column is one of filter_values (sorted ints).
+ *   filter_column (-1: none): only rows whose that column is one of filter_values (sorted ints);
+ *   kinds (optional, one letter per column, as scan()'s plus 'n'): 'i' an integer as it is, 't'
+ *   or 'b' the bytes of a text or blob as IFNULL(CAST(x AS TEXT|BLOB), '') gives them (never
+ *   null), 'n' 1 where the value is NULL, else 0 (the ``x IS NULL`` flag the nsys reader reads).
  *   None whenever the file holds anything this reader does not take exactly as SQLite would: a
- *   value needed that lies on an overflow page, a value that is not an integer or NULL in a column read or
- *   filtered, a page that is not a table b-tree page, rowids out of order, a tree deeper than 20 or
+ *   value needed that lies on an overflow page, a value that is not an integer or NULL in an integer
+ *   column read or filtered, a number in a text or blob column, text not stored as UTF-8, a page
+ *   that is not a table b-tree page, rowids out of order, a tree deeper than 20 or
  *   visiting more pages than the file has (a damaged or hostile file: every offset and varint is
  *   bounds-checked against its page). The caller then reads the same rows through SQLite. A record
  *   shorter than a wanted column gives NULL there (the caller only asks for columns without a
@@ -301,6 +305,23 @@ static int scan_start_validity(Scan *s, int i) {
     return 0;
 }
 
+/* Row r of 't'/'b' column i: n bytes at data appended, its end offset stored. */
+static int scan_append(Scan *s, int i, Py_ssize_t r, const void *data, size_t n) {
+    int64_t *offsets = s->values[i];
+    if (s->bytes_used[i] + n > s->bytes_capacity[i]) {
+        size_t capacity = s->bytes_capacity[i] ? s->bytes_capacity[i] : (size_t)1 << 20;
+        while (capacity < s->bytes_used[i] + n) capacity *= 2;
+        char *grown = realloc(s->bytes[i], capacity);
+        if (grown == NULL) return -1;
+        s->bytes[i] = grown;
+        s->bytes_capacity[i] = capacity;
+    }
+    if (n) memcpy(s->bytes[i] + s->bytes_used[i], data, n);
+    s->bytes_used[i] += n;
+    offsets[r + 1] = (int64_t)s->bytes_used[i];
+    return 0;
+}
+
 /* Row r of 't'/'b' column i: its bytes appended to the column's data, its end offset stored. */
 static int scan_bytes(Scan *s, sqlite3_stmt *stmt, int i, Py_ssize_t r) {
     int64_t *offsets = s->values[i];
@@ -314,18 +335,7 @@ static int scan_bytes(Scan *s, sqlite3_stmt *stmt, int i, Py_ssize_t r) {
     const void *data = s->kinds[i] == 't' ? (const void *)sqlite3_column_text(stmt, i) : sqlite3_column_blob(stmt, i);
     size_t n = (size_t)sqlite3_column_bytes(stmt, i);
     if (data == NULL && n > 0) return -1; /* SQLite ran out of memory converting the value */
-    if (s->bytes_used[i] + n > s->bytes_capacity[i]) {
-        size_t capacity = s->bytes_capacity[i] ? s->bytes_capacity[i] : (size_t)1 << 20;
-        while (capacity < s->bytes_used[i] + n) capacity *= 2;
-        char *grown = realloc(s->bytes[i], capacity);
-        if (grown == NULL) return -1;
-        s->bytes[i] = grown;
-        s->bytes_capacity[i] = capacity;
-    }
-    if (n) memcpy(s->bytes[i] + s->bytes_used[i], data, n);
-    s->bytes_used[i] += n;
-    offsets[r + 1] = (int64_t)s->bytes_used[i];
-    return 0;
+    return scan_append(s, i, r, data, n);
 }
 
 static void scan_run(Scan *s, const char *uri, const char *sql, const char **setup, Py_ssize_t n_setup,
@@ -629,6 +639,7 @@ typedef struct {
     Py_ssize_t n_ranges;
     Py_ssize_t range_at; /* the first range a later rowid can fall in */
     const int *wanted; int n_wanted; int max_wanted;
+    char kinds[MAX_COLUMNS]; /* per wanted column: 'i', 't', 'b' or 'n' (table(), at the top) */
     int filter_column; const int64_t *filter; Py_ssize_t n_filter;
     uint8_t read_here[MAX_COLUMNS]; /* per record column: read (wanted or filtered) */
     int64_t last_rowid; int any_rowid;
@@ -739,8 +750,7 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
     }
     const uint8_t *h = record + k, *h_end = record + header_len;
     uint64_t body = header_len; /* the next value's offset in the payload */
-    int64_t values[MAX_COLUMNS];
-    uint8_t present[MAX_COLUMNS];
+    uint64_t types[MAX_COLUMNS], offsets[MAX_COLUMNS];
     const uint8_t *read_here = t->read_here;
     int reached = 0; /* the record's columns parsed (a record may end before the table's last) */
     for (; reached <= t->max_wanted && h < h_end; reached++) {
@@ -756,18 +766,35 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
         else return -1; /* 10, 11: reserved */
         if (size > payload - body) return -1;
         if (read_here[reached]) {
-            if (type == 7 || type >= 12 || body + size > local) {
-                t->unsupported = 1; /* a float, text or blob (SQLite's CAST rules), or a spilled value */
-                return -1;
-            }
-            present[reached] = type != 0;
-            values[reached] = (type == 0 || type == 8) ? 0 : type == 9 ? 1 : tree_int(record + body, (int)size);
+            types[reached] = type;
+            offsets[reached] = body;
         }
         body += size;
     }
+#define VALUE_SIZE(type) ((type) <= 4 ? (type) : (type) == 5 ? 6 : (type) <= 7 ? 8 : (type) <= 9 ? 0 : ((type) - 12) / 2)
+#define IS_INT(type) ((type) <= 6 || (type) == 8 || (type) == 9)
     if (t->filter_column >= 0) {
         int c = t->filter_column;
-        if (c >= reached || !present[c] || !tree_in_filter(t, values[c])) return 0;
+        if (c >= reached || types[c] == 0) return 0;
+        if (!IS_INT(types[c]) || offsets[c] + VALUE_SIZE(types[c]) > local) {
+            t->unsupported = 1;
+            return -1;
+        }
+        uint64_t ft = types[c];
+        int64_t v = ft == 8 ? 0 : ft == 9 ? 1 : tree_int(record + offsets[c], (int)VALUE_SIZE(ft));
+        if (!tree_in_filter(t, v)) return 0;
+    }
+    /* Every value to store is checked before any is: a row is stored whole or not at all. */
+    for (int w = 0; w < t->n_wanted; w++) {
+        int c = t->wanted[w];
+        char kind = t->kinds[w];
+        if (c < 0 || c >= reached || kind == 'n' || types[c] == 0) continue;
+        uint64_t type = types[c];
+        int ok = kind == 'i' ? IS_INT(type) : type >= 12; /* text and blobs: bytes as they are */
+        if (!ok || offsets[c] + VALUE_SIZE(type) > local) {
+            t->unsupported = 1; /* SQLite's CAST rules, or a value on an overflow page */
+            return -1;
+        }
     }
     Scan *s = t->scan;
     if (s->rows == s->capacity && scan_grow(s) != 0) {
@@ -777,11 +804,22 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
     Py_ssize_t r = s->rows;
     for (int w = 0; w < t->n_wanted; w++) {
         int c = t->wanted[w];
+        char kind = t->kinds[w];
+        int null = c >= 0 && (c >= reached || types[c] == 0); /* past the record's end: NULL too */
         if (c < 0) {
             s->values[w][r] = rowid;
-        } else if (c < reached && present[c]) {
-            s->values[w][r] = values[c];
-        } else { /* NULL, or a column past the record's end (added later, without a default) */
+        } else if (kind == 'n') {
+            s->values[w][r] = null;
+        } else if (kind == 't' || kind == 'b') { /* IFNULL(CAST(x AS TEXT|BLOB), ''): never null */
+            uint64_t n = null ? 0 : VALUE_SIZE(types[c]);
+            if (scan_append(s, w, r, null ? NULL : record + offsets[c], (size_t)n) != 0) {
+                s->out_of_memory = 1;
+                return -1;
+            }
+        } else if (!null) {
+            uint64_t type = types[c];
+            s->values[w][r] = type == 8 ? 0 : type == 9 ? 1 : tree_int(record + offsets[c], (int)VALUE_SIZE(type));
+        } else {
             s->values[w][r] = 0;
             if (s->validity[w] == NULL && scan_start_validity(s, w) != 0) {
                 s->out_of_memory = 1;
@@ -790,6 +828,8 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
             s->validity[w][r >> 3] &= (uint8_t) ~(1u << (r & 7));
         }
     }
+#undef VALUE_SIZE
+#undef IS_INT
     s->rows = r + 1;
     return 0;
 }
@@ -857,8 +897,10 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     PyObject *columns_obj, *names_obj, *ranges_obj, *filter_obj;
     int filter_column;
     (void)module;
-    if (!PyArg_ParseTuple(args, "sLOOOiO", &path, &root, &columns_obj, &names_obj, &ranges_obj, &filter_column,
-                          &filter_obj))
+    const char *kinds = "";
+    Py_ssize_t n_kinds = 0;
+    if (!PyArg_ParseTuple(args, "sLOOOiO|s#", &path, &root, &columns_obj, &names_obj, &ranges_obj, &filter_column,
+                          &filter_obj, &kinds, &n_kinds))
         return NULL;
     PyObject *columns_seq = PySequence_Fast(columns_obj, "columns must be a sequence");
     if (columns_seq == NULL) return NULL;
@@ -939,7 +981,21 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
         }
     }
     s.columns = (int)n_wanted;
-    for (int i = 0; i < s.columns; i++) s.kinds[i] = 'i';
+    int any_bytes = 0;
+    for (int i = 0; i < s.columns; i++) {
+        char kind = i < n_kinds ? kinds[i] : 'i';
+        if (kind != 'i' && kind != 't' && kind != 'b' && kind != 'n') {
+            PyErr_SetString(PyExc_ValueError, "table: kinds are 'i', 't', 'b' or 'n'");
+            goto done;
+        }
+        if (kind != 'i' && kind != 'n' && wanted[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "table: the rowid is an integer");
+            goto done;
+        }
+        t.kinds[i] = kind;
+        s.kinds[i] = kind == 'n' ? 'i' : kind;
+        any_bytes |= kind == 't' || kind == 'b';
+    }
     t.wanted = wanted;
     t.n_wanted = (int)n_wanted;
     t.max_wanted = max_wanted;
@@ -967,8 +1023,9 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
         if (size == 1) size = 65536;
         t.page_size = size;
         t.usable = size - header[20];
-        if (size < 512 || (size & (size - 1)) || t.usable < 480) {
-            gave_up = 1;
+        uint32_t encoding = ((uint32_t)header[56] << 24) | ((uint32_t)header[57] << 16) | (header[58] << 8) | header[59];
+        if (size < 512 || (size & (size - 1)) || t.usable < 480 || (any_bytes && encoding != 1)) {
+            gave_up = 1; /* text not stored as UTF-8 is SQLite's to convert */
         } else {
             t.pages = (int64_t)st.st_size / size;
             t.block = malloc(TREE_BLOCK);

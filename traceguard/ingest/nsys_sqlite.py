@@ -335,8 +335,8 @@ class _Reader:
         rows = Rows() if where == "" else where if isinstance(where, Rows) else None
         if rows is not None:
             where = rows.where()
-            if ints_only and (read := self._table_read(table, spec, rows)) is not None:
-                return read
+            if (read := self._table_read(table, spec, rows)) is not None:
+                return read if ints_only else read.cast({name: types[name] for name in read.columns})
         assert isinstance(where, str)
         if ints_only and _int_scan is not None:
             return scan_ints(self.db, self._select(table, spec, where, cast=False))
@@ -360,7 +360,8 @@ class _Reader:
 
     def _table_layout(self, table: str) -> tuple[int, dict[str, int]] | None:
         """``table``'s root page and the record position of each column the b-tree reader may
-        read (no default value, not part of the primary key); None when it reads none of the
+        read (no default value, not part of the primary key; -1 for an INTEGER PRIMARY KEY,
+        which is the rowid); None when it reads none of the
         table: not an ordinary rowid table, hidden or generated columns, or a journal or WAL file
         beside the database (rows SQLite would see that the file alone does not hold)."""
         if table in self._layouts:
@@ -373,14 +374,23 @@ class _Reader:
             info = self.small(f'PRAGMA table_xinfo("{table.replace(chr(34), chr(34) * 2)}")')
             plain = isinstance(root, int) and root > 1 and "WITHOUT ROWID" not in str(sql).upper()
             if plain and info and all(row[6] == 0 for row in info):
-                layout = (root, {row[1]: pos for pos, row in enumerate(info) if row[4] is None and row[5] == 0})
+                positions = {row[1]: pos for pos, row in enumerate(info) if row[4] is None and row[5] == 0}
+                keys = [row for row in info if row[5]]
+                quoted = table.replace(chr(34), chr(34) * 2)
+                # INTEGER PRIMARY KEY is the rowid, unless an index holds the key (PRIMARY KEY DESC).
+                alias = len(keys) == 1 and str(keys[0][2]).upper() == "INTEGER"
+                if alias and not any(row[3] == "pk" for row in self.small(f'PRAGMA index_list("{quoted}")')):
+                    positions[keys[0][1]] = -1
+                layout = (root, positions)
         self._layouts[table] = layout
         return layout
 
     def _table_read(self, table: str, spec: Sequence[tuple[str, str, str]], rows: Rows) -> pl.DataFrame | None:
-        """``spec``'s integer columns of ``rows`` by the b-tree reader (``_int_scan.table``), when
-        every expression is a column it may read (or the rowid) and the file holds nothing it does
-        not take exactly as SQLite would; None otherwise (the caller asks SQLite)."""
+        """``spec``'s columns of ``rows`` by the b-tree reader (``_int_scan.table``), as
+        :meth:`_select`'s SQL gives them (a text column with its ``__null`` flag), when every
+        expression is a column it may read (or the rowid) and the file holds nothing it does not
+        take exactly as SQLite would; None otherwise (the caller asks SQLite), also for text that
+        is not UTF-8 (read on with U+FFFD there)."""
         if _int_scan is None or not hasattr(_int_scan, "table") or os.environ.get("TRACEGUARD_SQLITE_ONLY"):
             return None
         layout = self._table_layout(table)
@@ -389,27 +399,34 @@ class _Reader:
         root, positions = layout
         columns = self.columns(table)
         wanted: list[int] = []
-        for _, expr, _ in spec:
-            if expr in positions:
-                wanted.append(positions[expr])
-            elif expr == rows.rowid and expr not in columns and expr.lower() in ("rowid", "_rowid_", "oid"):
-                wanted.append(-1)
+        names: list[str] = []
+        kinds = ""
+        for alias, expr, kind in spec:
+            if expr in positions and (positions[expr] >= 0 or kind == _INT):
+                at = positions[expr]
+            elif kind == _INT and expr == rows.rowid and expr not in columns and expr.lower() in _ROWID_NAMES:
+                at = -1
             else:
                 return None
-        if rows.rowid not in ("rowid", "_rowid_", "oid") or rows.rowid in columns:
+            wanted.append(at)
+            names.append(alias)
+            kinds += {_TEXT: "t", _BLOB: "b"}.get(kind, "i")
+            if kind == _TEXT:  # ``(x) IS NULL AS <alias>__null``, as _select writes it
+                wanted.append(at)
+                names.append(f"{alias}__null")
+                kinds += "n"
+        if rows.rowid not in _ROWID_NAMES or rows.rowid in columns:
             return None
         filter_at = -1
         if rows.column is not None:
-            if rows.column not in positions:
+            if positions.get(rows.column, -1) < 0:
                 return None
             filter_at = positions[rows.column]
         ranges = None if rows.ranges is None else [int(v) for span in rows.ranges for v in span]
         if ranges is not None and any(b < a for a, b in itertools.pairwise(ranges)):
             return None  # not in order (the C reader walks the ranges as the rowids rise)
-        read = _int_scan.table(
-            str(self.db), root, wanted, [alias for alias, _, _ in spec], ranges, filter_at, sorted(set(rows.values))
-        )
-        return None if read is None else int_frame(*read)
+        read = _int_scan.table(str(self.db), root, wanted, names, ranges, filter_at, sorted(set(rows.values)), kinds)
+        return None if read is None else int_frame(*read, kinds.replace("n", "i"))
 
     @staticmethod
     def _select(table: str, spec: Sequence[tuple[str, str, str]], where: str, *, cast: bool) -> str:
@@ -1154,8 +1171,10 @@ class _Reader:
         peer_offsets = self.peer_offsets()
         if (offsets or peer_offsets) and "binaryData" in cols:
             spec.append(("payload", "binaryData", _BLOB))
-        where = f"WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND end IS NOT NULL"
-        frame = self.bulk(NVTX, spec, where)
+        # Ranges only (push/pop, start/end), and only closed ones (an open range has no end).
+        frame = self.bulk(NVTX, spec, Rows(column="eventType", values=(NVTX_PUSH_POP, NVTX_START_END)))
+        if frame["end"].null_count():
+            frame = frame.filter(pl.col("end").is_not_null())
         if frame.height == 0:
             return model.empty(model.RANGES_SCHEMA)
         if "global_tid" in frame.columns:
@@ -1381,6 +1400,8 @@ def conform_ops(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
 
 
 _int_list = int_list
+#: What SQLite calls a rowid table's rowid (unless a column takes the name).
+_ROWID_NAMES = ("rowid", "_rowid_", "oid")
 
 
 def _pid_of(global_id: pl.Expr) -> pl.Expr:
