@@ -126,6 +126,7 @@ def analyse_rank(
         graph_summary=graphs.summarize(ops, mask, capture.strings),
         rare_ops=ops,
         rare_mask=mask,
+        offender_groups=lambda: offender_groups(window, capture),
         compute_near_nccl=compute_segments,
         timeline=lambda step_rows, nccl_ops: rank_timeline(
             rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
@@ -159,10 +160,13 @@ class RankInputs:
     step_table: tuple[list[dict[str, Any]], int, int]
     #: metrics.graphs.summary of the window.
     graph_summary: dict[str, Any]
-    #: At least every NCCL kernel, CUDA graph execution and GPU-to-CPU copy of the ops (attributed),
-    #: and which of them lie in the window.
+    #: At least every NCCL kernel and CUDA graph execution of the ops (attributed), and which of
+    #: them lie in the window.
     rare_ops: pl.DataFrame
     rare_mask: pl.Series
+    #: The window's GPU-to-CPU copies by issuer: :func:`offender_groups` of them (or parts of
+    #: them, in any number of rows per group: the groups add up).
+    offender_groups: Callable[[], pl.DataFrame]
     #: Per device, the window's compute union (at least the segments that meet its NCCL kernels).
     compute_near_nccl: dict[int, tuple[Any, Any]]
     #: (step rows, the window's NCCL kernels with their collective) → the timeline.
@@ -256,7 +260,7 @@ def rank_result(
         null_reasons=null,
         steps=step_rows,
         collectives=nccl.collective_table(nccl_ops, ranks_analysed),
-        gpu_to_cpu_offenders=_offenders(inputs.rare_ops.lazy().filter(inputs.rare_mask), capture),
+        gpu_to_cpu_offenders=_offenders(inputs.offender_groups(), capture),
         health={**_health(capture, steps, inputs.op_counts), **graph_summary},
         gpu_models=models,
         spans_by_index={r["index"]: r["gpu_span_ns"] for r in step_rows if r["gpu_span_ns"] is not None},
@@ -607,34 +611,65 @@ def _step_rows(
     return rows, span_total, nccl_total
 
 
-def _offenders(window: pl.LazyFrame | pl.DataFrame, capture: Capture, limit: int = 5) -> list[dict[str, Any]]:
-    """DtoH copies grouped by (innermost NVTX range on the launching thread, API call)."""
-    # Only what the grouping reads: a host-staged job has millions of these copies, and every
-    # other column would be carried through the joins below (+160 MB at 6.5 M copies).
+#: What :func:`offender_groups` gives: GPU-to-CPU copies by issuer (range id, launching call's name id).
+OFFENDER_GROUP_SCHEMA = {"range_id": pl.Int64, "launch_name_id": pl.Int64, "copies": pl.UInt32, "bytes": pl.Int64}
+
+
+def offender_groups(ops: pl.LazyFrame | pl.DataFrame, capture: Capture) -> pl.DataFrame:
+    """The GPU-to-CPU copies of ``ops`` grouped by issuer: the innermost NVTX range on the
+    launching thread (its ``range_id``) and the launching call (``launch_name_id``), with their
+    count and bytes (:data:`OFFENDER_GROUP_SCHEMA`). Ids, not names: a host-staged job's millions
+    of copies never carry a string column, and groups of parts of the ops add up."""
+    # Only what the grouping reads: every other column would be carried through the joins below.
     dtoh = (
-        window.lazy()
+        ops.lazy()
         .filter(pl.col("copy_kind").is_in(copies.GPU_TO_CPU))
         .select("pid", "launch_tid", "launch_start", "launch_name_id", "bytes")
         .collect()
     )
     if dtoh.height == 0:
-        return []
-    dtoh = _issued_by(dtoh, capture)
-    grouped = (
-        dtoh.group_by(["nvtx_range", "api_call"])
+        return pl.DataFrame(schema=OFFENDER_GROUP_SCHEMA)
+    return (
+        _issuing_range(dtoh, capture)
+        .group_by(["range_id", "launch_name_id"])
         .agg(pl.len().alias("copies"), pl.col("bytes").sum().alias("bytes"))
+        .cast(OFFENDER_GROUP_SCHEMA)  # type: ignore[arg-type]
+    )
+
+
+def _offenders(groups: pl.DataFrame, capture: Capture, limit: int = 5) -> list[dict[str, Any]]:
+    """GPU-to-CPU copies by (innermost NVTX range on the launching thread, API call): the
+    :func:`offender_groups` rows named and added up, the ``limit`` largest."""
+    if groups.height == 0:
+        return []
+    return (
+        _range_and_call_names(groups, capture)
+        .group_by(["nvtx_range", "api_call"])
+        .agg(pl.col("copies").sum(), pl.col("bytes").sum())
         .sort(["copies", "bytes", "nvtx_range", "api_call"], descending=[True, True, False, False], nulls_last=True)
         .head(limit)
+        .to_dicts()
     )
-    return grouped.to_dicts()
 
 
 def _issued_by(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
     """``ops`` with ``nvtx_range`` (the innermost range, outside NCCL's domain, open on the
     launching thread at the launch) and ``api_call`` (the launching call's name): who issued them."""
-    dtoh = ops
+    return _range_and_call_names(_issuing_range(ops, capture), capture)
+
+
+def _range_and_call_names(frame: pl.DataFrame, capture: Capture) -> pl.DataFrame:
+    """``frame``'s ``range_id`` and ``launch_name_id`` as ``nvtx_range`` and ``api_call`` names."""
     names = capture.strings.rename({"id": "launch_name_id", "value": "api_call"})
-    dtoh = dtoh.join(names, on="launch_name_id", how="left")
+    frame = frame.join(names, on="launch_name_id", how="left")
+    ranges = capture.ranges.select("range_id", pl.col("name").alias("nvtx_range"))
+    return frame.join(ranges, on="range_id", how="left")
+
+
+def _issuing_range(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
+    """``ops`` with ``range_id``: the innermost range, outside NCCL's domain, open on the
+    launching thread at the launch (null: none)."""
+    dtoh = ops
     ranges = capture.ranges.filter(pl.col("domain").is_null() | (pl.col("domain") != NCCL_DOMAIN))
     if ranges.height:
         found = innermost_containing(
@@ -655,10 +690,8 @@ def _issued_by(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
             found = found.with_columns(
                 pl.when(ended).then(pl.col("parent")).otherwise(pl.col("range_id")).alias("range_id")
             ).drop("parent", "_end")
-        found = found.drop([c for c in ("parent", "_end") if c in found.columns])
-        names_of_ranges = ranges.select("range_id", pl.col("name").alias("nvtx_range"))
-        return found.join(names_of_ranges, on="range_id", how="left")
-    return dtoh.with_columns(pl.lit(None, dtype=pl.String).alias("nvtx_range"))
+        return found.drop([c for c in ("parent", "_end") if c in found.columns])
+    return dtoh.with_columns(pl.lit(None, dtype=capture.ranges.schema["range_id"]).alias("range_id"))
 
 
 def _collective_calls(

@@ -52,6 +52,7 @@ from traceguard.metrics import small_collectives as small
 from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
 from traceguard.metrics.link_counters import IntervalMarks
 from traceguard.metrics.rank import (
+    OFFENDER_GROUP_SCHEMA,
     STEP_NCCL_COLUMNS,
     RankInputs,
     RankResult,
@@ -59,6 +60,7 @@ from traceguard.metrics.rank import (
     WindowSums,
     _step_rows,
     _with_nccl_payload,
+    offender_groups,
     op_counts,
     rank_result,
     step_copies,
@@ -102,6 +104,8 @@ _SPILL_COLUMNS = (
     "launch_start",
 )
 #: Columns step inference reads (module docstring: the one source that needs the whole sequence).
+#: What the window test and rank.offender_groups read of a GPU-to-CPU copy.
+_DTOH_COLUMNS = ("pid", "step_id", "start", "end", "copy_kind", "launch_tid", "launch_start", "launch_name_id", "bytes")
 _SEQUENCE_COLUMNS = ("rank", "pid", "device", "kind", "start", "end", "name_id")
 _KERNEL = OP_KINDS.index("kernel")
 _COPY_CODES = (OP_KINDS.index("memcpy"), OP_KINDS.index("memset"))
@@ -307,6 +311,10 @@ class _Pass1:
     step_copies: list[pl.DataFrame] = field(default_factory=list)
     extents: list[pl.DataFrame] = field(default_factory=list)
     rare: list[pl.DataFrame] = field(default_factory=list)
+    #: The GPU-to-CPU copies by issuer (rank.offender_groups) of those sure to lie in the window,
+    #: and the few others (attributed to no step, or inverted), whose window is known at the end.
+    offenders: list[pl.DataFrame] = field(default_factory=list)
+    dtoh_unsure: list[pl.DataFrame] = field(default_factory=list)
     dtod_step_bytes: int = 0
     launched_by_graph: int = 0
     has_step_kernels: bool = False
@@ -392,7 +400,7 @@ def analyse_rank_sliced(
             schema = dict(ops.schema)
             if launched_expr is None:
                 launched_expr = graphs.launched_by_graph(ops, strings)
-            _first_pass(one, ops, phases, launched_expr)
+            _first_pass(one, ops, phases, launched_expr, capture)
             # What pass 2 reads of the slice, attributed: written once, so the source is read once.
             spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
             ops.select(_SPILL_COLUMNS).write_ipc(spilled[-1], compression="uncompressed")
@@ -533,6 +541,10 @@ def _finish(
         has_kernels=one.has_step_kernels,
     )
     exposed_frame = _exposed_frame(nccl_in_window, near)
+    unsure = pl.concat(one.dtoh_unsure) if one.dtoh_unsure else None
+    if unsure is not None and unsure.height:
+        one.offenders.append(offender_groups(unsure.filter(window_mask(unsure, spans, pid_of_step)), capture))
+    groups = pl.concat(one.offenders) if one.offenders else pl.DataFrame(schema=OFFENDER_GROUP_SCHEMA)
     inputs = RankInputs(
         resolved=resolved,
         phases=phases,
@@ -545,6 +557,7 @@ def _finish(
         graph_summary=graph_summary,
         rare_ops=rare,
         rare_mask=rare_mask,
+        offender_groups=lambda: groups,
         compute_near_nccl=near,
         timeline=lambda step_rows, nccl_ops: assemble_timeline(
             rank, timeline_parts, nccl_ops, step_rows, phases, max_segments=max_segments
@@ -586,7 +599,7 @@ def _resolve_steps(capture: Capture, op_slices: OpSlices, patterns: Sequence[str
     return resolve_steps(capture.ranges, sequence, capture.strings, patterns, sources)
 
 
-def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: pl.Expr) -> None:
+def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: pl.Expr, capture: Capture) -> None:
     one.spans.append(step_spans(ops))
     for key, value in op_counts(ops).items():
         one.counts[key] += value
@@ -619,8 +632,15 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
             .agg(pl.col("start").min(), pl.col("end").max())
             .collect()
         )
-    rare = pl.col("is_nccl") | (pl.col("kind") == "graph") | pl.col("copy_kind").is_in(copies.GPU_TO_CPU)
+    rare = pl.col("is_nccl") | (pl.col("kind") == "graph")
     one.rare.append(ops.filter(rare.fill_null(False)))
+    # GPU-to-CPU copies (millions in a host-staged job) are kept as groups by issuer, not rows: an
+    # op attributed to a step lies in the window by construction (steps.window_mask's rule).
+    dtoh = ops.filter(pl.col("copy_kind").is_in(copies.GPU_TO_CPU).fill_null(False)).select(_DTOH_COLUMNS)
+    if dtoh.height:
+        sure = pl.col("step_id").is_not_null() & (pl.col("start") <= pl.col("end")).fill_null(False)
+        one.offenders.append(offender_groups(dtoh.filter(sure), capture))
+        one.dtoh_unsure.append(dtoh.filter(~sure))
 
 
 @dataclass
