@@ -194,3 +194,40 @@ def test_union_drain_refuses_rows_out_of_order() -> None:
     drain.feed(np.array([5, 9]), np.array([6, 10]))
     with pytest.raises(ValueError, match="start order"):
         drain.feed(np.array([7]), np.array([8]))
+
+
+def test_the_read_ahead_holds_one_slice_beyond_the_one_taken() -> None:
+    """``prefetched``: every slice in order; while the consumer holds slice i the reader has made
+    at most slice i + 1 (a bounded queue alone let it make i + 2); its error is raised where the
+    slice would have come; leaving early ends its thread."""
+    import threading
+    import time
+
+    from traceguard.metrics.sliced import prefetched
+
+    made = 0
+
+    def source(n: int, fail_at: int | None = None) -> Iterable[int]:
+        nonlocal made
+        for i in range(n):
+            if i == fail_at:
+                raise ValueError("slice 3 could not be read")
+            made += 1
+            yield i
+
+    taken = []
+    for i in prefetched(source(8)):
+        time.sleep(0.05)  # room for the reader to run ahead, if it would
+        assert made <= i + 2, (i, made)
+        taken.append(i)
+    assert taken == list(range(8))
+
+    with pytest.raises(ValueError, match="slice 3"):
+        for _ in prefetched(source(8, fail_at=3)):
+            pass
+
+    for i in prefetched(source(100)):
+        if i == 2:
+            break
+    time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name == "traceguard-slices"]

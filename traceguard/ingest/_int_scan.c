@@ -38,7 +38,8 @@
  *   visiting more pages than the file has (a damaged or hostile file: every offset and varint is
  *   bounds-checked against its page). The caller then reads the same rows through SQLite. A record
  *   shorter than a wanted column gives NULL there (the caller only asks for columns without a
- *   default). The file is read with pread in 1 MB blocks; the GIL is released meanwhile.
+ *   default). The file is read with pread, in 1 MB blocks once pages come in file order; the GIL
+ *   is released meanwhile.
  *
  * The connection reads through a read-ahead shim of the default VFS ("traceguard-ahead", below):
  * in-order page reads are served from 256 kB blocks, one pread each instead of one per page.
@@ -626,6 +627,7 @@ fail_args:
 
 #define TREE_BLOCK (1 << 20)
 #define TREE_DEPTH 20
+#define TREE_AHEAD_AFTER 4 /* pages in file order before reading ahead */
 
 typedef struct {
     int fd;
@@ -634,6 +636,8 @@ typedef struct {
     int64_t visited;    /* pages read so far: more than the file has means a cycle */
     uint8_t *block;     /* TREE_BLOCK bytes of the file from block_at */
     int64_t block_at, block_len;
+    uint8_t *single;    /* one page read on its own */
+    int64_t last_pgno, streak; /* the page read last; how many before it came in file order */
     uint8_t *interior[TREE_DEPTH + 1]; /* a copy of each open interior page */
     const int64_t *ranges; /* flat [lo, hi) pairs */
     Py_ssize_t n_ranges;
@@ -647,19 +651,24 @@ typedef struct {
     int unsupported; /* 1: give up (the caller reads through SQLite) */
 } Tree;
 
-/* Page pgno (1-based) of the file, or NULL (out of the file, a short read). */
+/* Page pgno (1-based) of the file, or NULL (out of the file, a short read). Read ahead a block
+   at a time only once pages have come in file order for a while (a table's leaves usually do;
+   tables written side by side interleave, and then one page a read is what is used). */
 static const uint8_t *tree_page(Tree *t, int64_t pgno) {
     if (pgno < 2 || pgno > t->pages || ++t->visited > t->pages) return NULL;
     int64_t at = (pgno - 1) * (int64_t)t->page_size;
-    if (at < t->block_at || at + t->page_size > t->block_at + t->block_len) {
-        int64_t start = at - at % TREE_BLOCK;
-        ssize_t got = pread(t->fd, t->block, TREE_BLOCK, (off_t)start);
-        if (got < 0) return NULL;
-        t->block_at = start;
+    t->streak = pgno == t->last_pgno + 1 ? t->streak + 1 : 0;
+    t->last_pgno = pgno;
+    if (at >= t->block_at && at + t->page_size <= t->block_at + t->block_len) return t->block + (at - t->block_at);
+    if (t->streak >= TREE_AHEAD_AFTER) {
+        ssize_t got = pread(t->fd, t->block, TREE_BLOCK, (off_t)at);
+        if (got < (ssize_t)t->page_size) return NULL;
+        t->block_at = at;
         t->block_len = got;
-        if (at + t->page_size > start + got) return NULL;
+        return t->block;
     }
-    return t->block + (at - t->block_at);
+    if (pread(t->fd, t->single, t->page_size, (off_t)at) != (ssize_t)t->page_size) return NULL;
+    return t->single;
 }
 
 /* A varint within [p, end): its length (0: runs past end). */
@@ -1029,6 +1038,8 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
         } else {
             t.pages = (int64_t)st.st_size / size;
             t.block = malloc(TREE_BLOCK);
+            t.single = malloc(size);
+            if (t.single == NULL) t.block = (free(t.block), NULL);
             t.block_at = -1;
             for (int d = 0; d <= TREE_DEPTH && t.block != NULL; d++) {
                 t.interior[d] = malloc(t.usable);
@@ -1061,6 +1072,7 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
 done:
     if (t.fd >= 0) close(t.fd);
     free(t.block);
+    free(t.single);
     for (int d = 0; d <= TREE_DEPTH; d++) free(t.interior[d]);
     free(ranges);
     free(filter);
