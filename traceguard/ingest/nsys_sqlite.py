@@ -1050,7 +1050,7 @@ class _Reader:
         rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in self.columns(table)), None)
         if len(ids) <= IN_LISTS * IN_LIST_IDS or rowid is None or "correlationId" not in self.columns(table):
             chunks = range(0, len(ids), IN_LIST_IDS)
-            parts = [read(f"correlationId IN ({_int_list(ids[lo : lo + IN_LIST_IDS])})") for lo in chunks]
+            parts = [read(f"correlationId IN ({int_list(ids[lo : lo + IN_LIST_IDS])})") for lo in chunks]
             return pl.concat(parts, how="vertical") if parts else read("0")
         quoted = table.replace('"', '""')
         low = int(self.small(f'SELECT IFNULL(min({rowid}), 0) FROM "{quoted}"')[0][0])
@@ -1103,7 +1103,7 @@ class _Reader:
         # A fresh interpreter (not multiprocessing: its spawn re-imports the caller's __main__,
         # and fork is unsafe once Polars' threads run). Arguments only; no shell.
         target = str(Path(workdir) / "api.arrow")
-        names = "-" if launch_ids is None else _int_list(launch_ids)
+        names = "-" if launch_ids is None else int_list(launch_ids)
         command = [sys.executable, "-c", _WORKER_CODE, str(self.db), target, big, rowid, str(cut), names]
         try:
             # Quiet: if the worker fails, this process reads everything and reports the error.
@@ -1399,7 +1399,6 @@ def conform_ops(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(conformed, how="vertical", rechunk=False)
 
 
-_int_list = int_list
 #: What SQLite calls a rowid table's rowid (unless a column takes the name).
 _ROWID_NAMES = ("rowid", "_rowid_", "oid")
 
