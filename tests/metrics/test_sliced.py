@@ -106,6 +106,44 @@ def test_sliced_equals_whole_with_steps_from_the_gpu(sources: tuple[str, ...]) -
     assert result_differences(whole, sliced) == []
 
 
+@pytest.mark.parametrize(
+    "path",
+    [OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz", OWN / "sweep_h200" / "cpu_staged" / "cap_0.sqlite.gz"],
+    ids=lambda p: p.parent.name,
+)
+def test_sliced_equals_whole_with_slices_spilled_in_small_pieces(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pass 2 reads the spill in pieces of about SPILL_ROWS cut by start time: a slice's tables
+    (kernels, then copies) interleave in time, so pieces cut by row would hand pass 2's unions
+    ops out of start order (the breakdown's copy time of a CUDA-graph shape went to 0 that way)."""
+    capture = with_rank(read_capture(path, keep_correlation=False), 0)
+    whole = analyse_rank(0, capture, ranks_analysed=2)
+    monkeypatch.setattr(sliced, "SPILL_ROWS", 97)
+    for count in (1, 7):
+        cut = analyse_rank_sliced(0, capture, time_slices(capture.gpu_ops, count), ranks_analysed=2)
+        assert result_differences(whole, cut) == [], count
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    starts=st.lists(st.one_of(st.none(), st.integers(0, 40)), min_size=0, max_size=80),
+    rows=st.integers(1, 30),
+)
+def test_time_pieces_cut_a_slice_by_start_keeping_its_order(starts: list[int | None], rows: int) -> None:
+    frame = pl.DataFrame(
+        {"start": starts, "row": list(range(len(starts)))}, schema={"start": pl.Int64, "row": pl.Int64}
+    )
+    pieces = list(sliced.time_pieces(frame, rows))
+    assert pl.concat(pieces).sort("row").equals(frame)  # every row once
+    for piece in pieces:
+        assert piece["row"].is_sorted()  # the slice's own order inside a piece
+    known = [p["start"].drop_nulls() for p in pieces]
+    for before, after in itertools.pairwise([k for k in known if k.len()]):
+        assert before.max() < after.min()  # consecutive in time, as pass 2 needs
+    assert all(p["start"].null_count() == 0 for p in pieces[1:])  # untimed rows go with the first
+    if frame["start"].drop_nulls().len() and len(starts) > rows:
+        assert len(pieces) > 1
+
+
 def test_sliced_reads_the_source_once(tmp_path: Path) -> None:
     capture = with_rank(read_capture(OWN / "h200" / "shm_nsys" / "cap_0.sqlite.gz", keep_correlation=False), 0)
     seen: list[int] = []

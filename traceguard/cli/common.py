@@ -254,21 +254,31 @@ def run_analysis(
         raise typer.Exit(exc.exit_code) from None
 
 
-def render(report: dict[str, Any], fmt: ReportFormat) -> str:
+def render(report: dict[str, Any], fmt: ReportFormat) -> str | bytes:
+    """The report as ``fmt``; JSON as UTF-8 bytes, written as they are (a 100 MB report of 68 k
+    steps spent 0.5 s decoding them to a str and encoding it back)."""
     if fmt is ReportFormat.json:
-        return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
+        return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
     if fmt is ReportFormat.html:
         return html.render(report)
     return markdown.render(report)
 
 
-def write(text: str, target: Path | None) -> None:
+def write(text: str | bytes, target: Path | None) -> None:
     if target is None or str(target) == "-":
-        sys.stdout.write(text)
+        if isinstance(text, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(text)
     else:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            if isinstance(text, bytes):
+                target.write_bytes(text)
+            else:
+                target.write_text(text)
         except OSError as exc:  # where the user asked to write, not a bug
             err.print(f"[bold red]error[/]: cannot write {escape(str(target))}: {escape(exc.strerror or str(exc))}")
             raise typer.Exit(2) from None

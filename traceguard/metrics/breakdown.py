@@ -226,15 +226,17 @@ class StepBreakdown:
             total += state.finish()
         self.devices = {}
         compute, with_nccl, busy, host, other = total
-        period = np.diff(self.bounds)
+        # Python ints by tolist(), not int() of a NumPy scalar six times a step (68 k steps: 0.3 s).
+        columns = (np.diff(self.bounds), compute, with_nccl - compute, busy - with_nccl, host, other)
+        period_ns, compute_ns, comm_ns, copy_ns, idle_host_ns, idle_other_ns = (c.tolist() for c in columns)
         return {
             index: {
-                "period_ns": int(period[k]),
-                "compute_ns": int(compute[k]),
-                "comm_ns": int(with_nccl[k] - compute[k]),
-                "copy_ns": int(busy[k] - with_nccl[k]),
-                "idle_host_ns": int(host[k]),
-                "idle_other_ns": int(other[k]),
+                "period_ns": period_ns[k],
+                "compute_ns": compute_ns[k],
+                "comm_ns": comm_ns[k],
+                "copy_ns": copy_ns[k],
+                "idle_host_ns": idle_host_ns[k],
+                "idle_other_ns": idle_other_ns[k],
             }
             for k, index in enumerate(self.indices)
         }

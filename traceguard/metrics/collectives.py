@@ -292,7 +292,8 @@ def by_type(
 
 
 def _rows(table: pl.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (int(v) if isinstance(v, int) else v) for k, v in row.items()} for row in table.iter_rows(named=True)]
+    """The table's rows as dicts, booleans as 0/1."""
+    return table.with_columns(pl.col(pl.Boolean).cast(pl.Int64)).to_dicts()
 
 
 def p2p_calls(ranges: pl.DataFrame, nccl_domain: str) -> pl.DataFrame:

@@ -11,7 +11,8 @@ keep the reader's table order), and each metric keeps only what it adds up:
   the *rare* ops whole: NCCL kernels, CUDA graph executions and GPU-to-CPU copies (thousands where
   the compute kernels are millions; every metric that reads single ops reads only these). It
   writes each slice's attributed columns to a temporary spill (about 40 bytes an op), so the
-  source is read once.
+  source is read once; in pieces of about :data:`SPILL_ROWS` ops cut by start time
+  (:func:`time_pieces`), which bound pass 2's memory.
 - The analysis window (the union of the step spans) is known only once every op has been seen,
   so **pass 2** reads the spilled slices back: the window's copy counts and bytes, its devices, its
   extent, the pipeline bubble's compute union per step (when the rank may be a pipeline), the
@@ -88,6 +89,9 @@ except ImportError:  # pragma: no cover - built without a C compiler
 OpSlices = Callable[[], Iterable[pl.DataFrame]]
 
 #: Columns pass 2 reads, written per slice after pass 1 (the source is read once).
+#: Rows of a spilled piece at most (pass 2 reads them back one at a time, one more ahead).
+SPILL_ROWS = 1_000_000
+
 _SPILL_COLUMNS = (
     "pid",
     "device",
@@ -402,8 +406,12 @@ def analyse_rank_sliced(
                 launched_expr = graphs.launched_by_graph(ops, strings)
             _first_pass(one, ops, phases, launched_expr, capture)
             # What pass 2 reads of the slice, attributed: written once, so the source is read once.
-            spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
-            ops.select(_SPILL_COLUMNS).write_ipc(spilled[-1], compression="uncompressed")
+            # In pieces of about SPILL_ROWS: pass 2 holds a piece and what it derives, twice (the
+            # read-ahead), so the piece, not the read's slice, sets that pass's peak.
+            for piece in time_pieces(ops.select(_SPILL_COLUMNS), SPILL_ROWS):
+                spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
+                piece.write_ipc(spilled[-1], compression="uncompressed")
+                del piece
             del ops, part  # not held while the next slice is taken
         if schema is None:  # no ops at all: the whole-file analysis of an empty frame
             schema = dict(attributed(capture.gpu_ops.clear()).schema)
@@ -422,6 +430,27 @@ def analyse_rank_sliced(
             small_bytes=small_bytes,
             max_segments=max_segments,
         )
+
+
+def time_pieces(ops: pl.DataFrame, rows: int) -> Iterator[pl.DataFrame]:
+    """``ops`` (a slice: every start at or after those of the slices before it) as consecutive
+    pieces of about ``rows`` ops by start time, each in the slice's row order: every start of a
+    piece is below every start of the next, so pass 2 takes them as slices. Cut at start-time
+    quantiles (``np.partition``, no sort); ops sharing a start stay together, so a piece may be
+    larger; ops without a start go with the first piece."""
+    pieces = -(-ops.height // rows) if rows > 0 else 1
+    starts = ops["start"]
+    known = starts.drop_nulls().to_numpy()
+    if pieces <= 1 or known.size == 0:
+        yield ops
+        return
+    kth = [known.size * k // pieces for k in range(1, pieces)]
+    cuts = np.unique(np.partition(known, kth)[kth])
+    part = np.searchsorted(cuts, starts.fill_null(int(known.min())).to_numpy(), side="right")
+    if starts.null_count():
+        part[starts.is_null().to_numpy()] = 0
+    for k in range(cuts.size + 1):
+        yield ops.filter(pl.Series(part == k))
 
 
 def _finish(
@@ -687,8 +716,11 @@ def _second_pass_slice(
     ops = pl.read_ipc(path)
     arrays = op_arrays(ops) if steps is not None else None
     mask = window_mask(ops, spans, pid_of_step)
-    window = ops.filter(mask)
-    timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null())
+    # Most slices lie wholly inside the window and are timed throughout: then they are the slice
+    # itself, not two more copies of it (+300 MB at the peak of a 10 M-op analysis).
+    window = ops if not mask.null_count() and mask.all() else ops.filter(mask)
+    untimed = window["start"].null_count() or window["end"].null_count()
+    timed = window.filter(pl.col("start").is_not_null() & pl.col("end").is_not_null()) if untimed else window
     bounds = None
     if timed.height:
         bounds = (int(timed["start"].min()), int(timed["end"].max()), timed.height)  # type: ignore[arg-type]

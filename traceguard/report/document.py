@@ -136,14 +136,88 @@ _STRICT = (
 )
 
 
+#: A report step row's keys, in order.
+_STEP_KEYS = (*STEP_FIELDS, "graph_ns")
+
+
 def _json_safe(doc: dict[str, Any]) -> dict[str, Any]:
     """:func:`_clean` of ``doc``, through orjson when it can (NaN/inf → null, tuples → lists, numpy
     scalars → Python: the same document, 2–3× faster on a report of tens of MB); any key that is not
-    a str, an integer past 64 bits or a type orjson would change falls back to :func:`_clean`."""
+    a str, an integer past 64 bits or a type orjson would change falls back to :func:`_clean`.
+
+    The per-step row lists (a rank's ``steps``, its ``collectives_by_type.steps``) that are plain
+    already (:func:`_plain_rows`) skip the round trip: they are most of a long run's report, and
+    rebuilding their dicts was 0.6 s of 68 k steps."""
+    kept: list[tuple[int, str, list[Any]]] = []
+    ranks = doc.get("ranks")
+    for at, rank in enumerate(ranks if isinstance(ranks, list) else []):
+        if not isinstance(rank, dict):
+            continue
+        for where in _ROW_LISTS:
+            holder = _row_holder(rank, where)
+            rows = holder.get("steps") if holder is not None else None
+            if holder is not None and isinstance(rows, list) and _plain_rows(rows):
+                kept.append((at, where, rows))
+                holder["steps"] = []
     try:
-        return orjson.loads(orjson.dumps(doc, option=_STRICT))
+        out = orjson.loads(orjson.dumps(doc, option=_STRICT))
     except (TypeError, orjson.JSONEncodeError):
-        return _clean(doc)
+        out = _clean(doc)
+    for at, where, rows in kept:
+        _row_holder(doc["ranks"][at], where)["steps"] = rows  # type: ignore[index]
+        _row_holder(out["ranks"][at], where)["steps"] = rows  # type: ignore[index]
+    return out
+
+
+#: Where a rank's per-step row lists are: ``rank["steps"]`` and ``rank["collectives_by_type"]["steps"]``.
+_ROW_LISTS = ("rank", "collectives_by_type")
+
+
+def _row_holder(rank: dict[str, Any], where: str) -> dict[str, Any] | None:
+    holder = rank if where == "rank" else rank.get(where)
+    return holder if isinstance(holder, dict) else None
+
+
+#: Values JSON holds as they are (``bool`` is an ``int`` to ``isinstance``, not to ``type``).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
+def _plain_rows(rows: list[Any]) -> bool:
+    """Whether every row is a dict of str keys whose values (and those of dicts inside, two levels
+    deep: a step's ``phases``) are ints, strs, bools, None or finite floats: what :func:`_clean`
+    would leave as it is. Anything else (NaN, a tuple, a numpy scalar) says no."""
+    finite = math.isfinite
+    for row in rows:
+        if type(row) is not dict:
+            return False
+        for value in row.values():
+            kind = type(value)
+            if kind in _PLAIN:
+                continue
+            if kind is float:
+                if not finite(value):
+                    return False
+            elif kind is dict:
+                if not _plain_dict(value, depth=1):
+                    return False
+            else:
+                return False
+        if any(type(k) is not str for k in row):
+            return False
+    return True
+
+
+def _plain_dict(value: dict[Any, Any], depth: int) -> bool:
+    for key, inner in value.items():
+        kind = type(inner)
+        if type(key) is not str:
+            return False
+        if kind in _PLAIN or (kind is float and math.isfinite(inner)):
+            continue
+        if kind is dict and depth < 2 and _plain_dict(inner, depth + 1):
+            continue
+        return False
+    return True
 
 
 def _clean(value: Any) -> Any:
@@ -257,9 +331,10 @@ def build(
                 "input": input_of_rank.get(r.rank),
                 "gpu_models": r.gpu_models,
                 "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS + RANK_ONLY),
+                # graph_ns: GPU time in CUDA graph executions (metrics.graphs); zip of map, not a
+                # dict comprehension: 68 k steps in 0.18 s, not 0.29 s.
                 "steps": [
-                    {k: s.get(k) for k in STEP_FIELDS}
-                    | {"graph_ns": s.get("graph_ns", 0)}  # GPU time in CUDA graph executions (metrics.graphs)
+                    dict(zip(_STEP_KEYS, [*map(s.get, STEP_FIELDS), s.get("graph_ns", 0)], strict=True))
                     for s in r.steps
                 ],
                 "collectives": _collectives(r.collectives),
