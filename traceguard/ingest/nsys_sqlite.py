@@ -1180,13 +1180,20 @@ class _Reader:
         if "global_tid" in frame.columns:
             tid = pl.col("global_tid")
             frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
-        frame = frame.join(
-            strings.select(pl.col("id").cast(pl.Int64).alias("text_id"), pl.col("value").alias("id_text")),
-            on="text_id",
-            how="left",
-            maintain_order="left",
-        )
-        name = pl.when(pl.col("text__null") == 1).then(pl.col("id_text")).otherwise(pl.col("text"))
+        # A range's name is its own text, else its registered string (``textId``): the strings are
+        # looked up only where the text is null. A join of the whole frame copied every column,
+        # its texts included (4.8 M per-op ranges: +0.4 GB at the peak, 0.3 s).
+        by_id = frame["text__null"] == 1
+        if by_id.any():
+            ids = frame.select(pl.col("text_id").filter(by_id))
+            found = ids.join(
+                strings.select(pl.col("id").cast(pl.Int64).alias("text_id"), pl.col("value").alias("id_text")),
+                on="text_id",
+                how="left",
+                maintain_order="left",
+            )["id_text"]
+            frame = frame.with_columns(frame["text"].scatter(by_id.arg_true(), found))
+        name = pl.col("text")
         domain_id = pl.col("domain_id")
         domain = (
             pl.when(domain_id.is_null() | (domain_id == 0))
