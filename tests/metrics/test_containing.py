@@ -78,3 +78,44 @@ def test_launch_rows_match_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> N
     )
     want = ops.join(table, on=["pid", "correlation_id"], how="left", maintain_order="left")["_call"]
     assert model.launch_rows(ops, calls).to_list() == want.to_list()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_phases_searched_by_process_first_match_the_search_by_step(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``steps._phase_ids`` (the process's phases first, the rest by step) is the search by
+    (process, step): nested phases, gaps between them, points of another step, nulls."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    phase_id = 0
+    for pid in range(2):
+        t = 0
+        for step in range(int(rng.integers(1, 5))):
+            for _ in range(int(rng.integers(0, 4))):
+                start = t + int(rng.integers(0, 6))
+                end = start + int(rng.integers(0, 12))
+                rows.append((pid, step + 10 * pid, start, end, phase_id))
+                phase_id += 1
+                if rng.random() < 0.3:  # a phase nested in it
+                    rows.append((pid, step + 10 * pid, start + 1, max(start + 1, end - 2), phase_id))
+                    phase_id += 1
+                t = end - int(rng.integers(0, 3))  # may overlap the next step's first phase
+    phases = pl.DataFrame(
+        rows,
+        schema={"pid": pl.Int32, "step_id": pl.Int32, "start": pl.Int64, "end": pl.Int64, "phase_id": pl.Int32},
+        orient="row",
+    )
+    n = 400
+    step_ids = rng.integers(0, 15, n)
+    points = pl.DataFrame(
+        {
+            "pid": pl.Series(rng.integers(0, 2, n), dtype=pl.Int32),
+            "_p": pl.Series(rng.integers(0, 60, n)),
+            "step_id": pl.Series(step_ids, dtype=pl.Int32),
+        }
+    ).with_columns(
+        pl.when(pl.Series(rng.random(n) < 0.1)).then(None).otherwise(pl.col("step_id")).alias("step_id"),
+        pl.when(pl.Series(rng.random(n) < 0.05)).then(None).otherwise(pl.col("_p")).alias("_p"),
+    )
+    monkeypatch.setattr(intervals, "_CHUNK", 13)
+    expected = steps.containing_ids(points, "_p", phases, "phase_id", ["pid", "step_id"])
+    assert steps._phase_ids(points, phases).to_list() == expected.to_list()
