@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 import traceguard.metrics.sliced as sliced_module
-from tests.conftest import OWN
+from tests.conftest import OWN, PUBLIC
 from tests.test_mapreduce import CASES, _private_cache, _same, _whole_in_memory, cases  # noqa: F401
 from traceguard import mapreduce, pipeline
 from traceguard.cli import app
@@ -195,3 +196,29 @@ def test_default_threshold_reads_whole_only_an_export_whose_steps_need_its_kerne
         assert sliced_ranks == [0]
         sliced_ranks.clear()
         assert _same(default) == _same(whole) == _same(asked)
+
+
+def test_an_export_read_whole_after_the_sliced_look_reads_its_nvtx_table_once(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sliced reader's look at an export (its ranges settle no steps) is followed by a whole
+    read of the same file: the NVTX rows it read are handed over, not read again (a per-op NVTX
+    capture's table is most of its file), and the report is the one of a plain whole read."""
+    from traceguard.ingest import nsys_sqlite
+
+    monkeypatch.delenv(SLICED_ABOVE_ENV, raising=False)
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    reads: list[str] = []
+    bulk = nsys_sqlite._Reader.bulk
+
+    def counted(self: nsys_sqlite._Reader, table: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(table)
+        return bulk(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(nsys_sqlite._Reader, "bulk", counted)
+    monkeypatch.setattr(mapreduce, "SLICED_ABOVE_DEFAULT", 0)
+    default = pipeline.analyze(inputs, scheduler="serial").report
+    assert sliced_ranks == []  # looked at sliced, read whole
+    assert reads.count(nsys_sqlite.NVTX) == 1
+    assert _same(default) == _same(whole)

@@ -279,16 +279,19 @@ def _map_input(task: MapTask) -> MapOutcome:
     outcome = MapOutcome(task.index, record)
     path = Path(task.base_dir) / spec.path
     sliced = _sliced_source(path, task.options)
+    nvtx_rows = None
     if sliced is not None:
         try:
             mapped = _map_sliced(task, sliced, outcome, report=sliced != path)
-            if mapped is not None:
+            if isinstance(mapped, MapOutcome):
                 return mapped
+            if sliced == path:  # the same file read whole: its NVTX rows are read already
+                nvtx_rows = mapped.nvtx_rows
         except TraceguardError as exc:  # the slices are read as the analysis goes: a read error
             record.error, record.error_code = str(exc), exc.code
             return MapOutcome(task.index, record)
     try:
-        capture = read_capture(path, shown=str(spec.path), keep_correlation=False)
+        capture = read_capture(path, shown=str(spec.path), keep_correlation=False, nvtx_rows=nvtx_rows)
     except TraceguardError as exc:
         record.error, record.error_code = str(exc), exc.code
         return outcome
@@ -339,10 +342,18 @@ def _rank_options(task: MapTask) -> dict[str, Any]:
     }
 
 
-def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome | None:
+@dataclass
+class _ReadWhole:
+    """:func:`_map_sliced`'s answer for an input to read whole after all, with what its look at
+    the file read of the NVTX table (the whole read does not read it again)."""
+
+    nvtx_rows: tuple[pl.DataFrame, pl.DataFrame]
+
+
+def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool = False) -> MapOutcome | _ReadWhole:
     """:func:`map_input` of an nsys export too large to hold: read and analysed in time slices
     (traceguard.metrics.sliced), the same outcome. ``report``: ``path`` is the export of the
-    input, an ``.nsys-rep``. None: read it whole after all (:func:`_may_read_whole`).
+    input, an ``.nsys-rep``. :class:`_ReadWhole`: read it whole after all (:func:`_may_read_whole`).
 
     The GPU processes (each a rank) are planned from the first slice and confirmed over every
     slice during the first rank's first pass; should they differ (a process whose GPU work starts
@@ -354,7 +365,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     with open_sliced(path, shown=str(spec.path)) as source:
         small = with_rank_hint(source.small_capture())
         if _may_read_whole(options, path) and _needs_kernel_sequence(task, small):
-            return None
+            return _ReadWhole(source.nvtx_rows())
         if report:
             small.info.format = "nsys-rep"
         describe(record, small)

@@ -132,6 +132,10 @@ RANGES_SCHEMA: dict[str, pl.DataType] = {
     "payload_peer": pl.Int32(),
 }
 
+#: NVTX ranges counted but not kept, per thread: PyTorch's per-op ``aten::`` ranges
+#: (:data:`traceguard.ingest.nsys_sqlite.OP_RANGE_PREFIX`; docs/steps.md, "Per-op ranges").
+FOLDED_RANGES_SCHEMA: dict[str, pl.DataType] = {"pid": pl.Int32(), "tid": pl.Int32(), "ranges": pl.Int64()}
+
 #: GPUs the capture describes (a rank's nsys file lists every GPU of its node).
 DEVICES_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
@@ -219,6 +223,8 @@ class Capture:
     strings: pl.DataFrame
     #: nsys GPU metrics samples (:data:`LINK_SAMPLES_SCHEMA`); empty when the capture has none.
     link_samples: pl.DataFrame = field(default_factory=lambda: empty(LINK_SAMPLES_SCHEMA))
+    #: Ranges counted, not kept (:data:`FOLDED_RANGES_SCHEMA`): PyTorch's per-op ``aten::`` ranges.
+    folded_ranges: pl.DataFrame = field(default_factory=lambda: empty(FOLDED_RANGES_SCHEMA))
     #: A read of the samples still running on another thread (a Future of (samples, info dict,
     #: reason)): the sliced reader starts it beside the op slices; :meth:`resolve_links` waits.
     pending_links: Any = None

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import OWN, PUBLIC_NSYS
 from traceguard.ingest import nsys_sqlite
-from traceguard.ingest.rows import Rows
+from traceguard.ingest.rows import Rows, Skip
 from traceguard.ingest.sqlite_safe import open_readonly
 
 if (nsys_sqlite._int_scan is None or not hasattr(nsys_sqlite._int_scan, "table")) and os.environ.get(
@@ -342,3 +342,80 @@ def test_text_columns_as_sql_casts_give_them(tmp_path: Path) -> None:
         assert reader._table_read("t", [("a", "a", "int")], Rows()) is not None  # integers have no encoding
     finally:
         reader.close()
+
+
+def _sql_skipped(reader: nsys_sqlite._Reader, table: str, rows: Rows) -> list[tuple[int | None, int]]:
+    found: list[tuple[int | None, int]] = []
+    reader._count_skipped(table, rows, found)
+    return found
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[f"{p.parent.name}/{p.name}"[-60:] for p in CAPTURES])
+def test_folded_per_op_ranges_are_sqlite_s(path: Path, unpacked) -> None:
+    """The ranges the nsys reader keeps (those not starting ``aten::``) are SQLite's rows under
+    :meth:`Rows.where`'s ``NOT (...)``, and the ones it folds are counted per thread as SQLite
+    counts them (nsys-ai's fixtures hold 95 % per-op ranges; the others, none)."""
+    db = unpacked(path)
+    reader = _reader(db)
+    try:
+        cols = reader.columns(nsys_sqlite.NVTX)
+        if not {"start", "text", "eventType", "globalTid"} <= cols:
+            pytest.skip("no NVTX text")
+        spec = [("start", "start", "int"), ("global_tid", "globalTid", "int"), ("text", "text", "text")]
+        skip = Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid")
+        for by in ("globalTid", None):
+            rows = Rows(column="eventType", values=(59, 60, 75), skip=Skip(skip.column, skip.prefix, by))
+            skipped: list[tuple[int | None, int]] = []
+            read = reader._table_read(nsys_sqlite.NVTX, spec, rows, skipped)
+            if read is None:
+                continue  # given way: SQLite reads and counts them (bulk)
+            assert read.equals(_sql_spec(reader, nsys_sqlite.NVTX, spec, rows))
+            assert not read["text"].str.starts_with("aten::").any()
+            assert sorted(skipped, key=str) == sorted(_sql_skipped(reader, nsys_sqlite.NVTX, rows), key=str)
+    finally:
+        reader.close()
+
+
+def test_folding_counts_nulls_gives_way_where_it_cannot_tell(tmp_path: Path) -> None:
+    """Skipped rows whose count column is NULL count under None; a prefix longer than a text, or
+    a number or blob in the text column, is not skipped; a prefix on an overflow page, or more
+    than 4,096 values to count by, gives way to SQLite."""
+    db = _made(
+        tmp_path,
+        "CREATE TABLE t (a INTEGER, k INTEGER, s TEXT)",
+        "INSERT INTO t VALUES (1, 7, 'aten::mm, op_id = 1'), (2, NULL, 'aten::add'), (3, 7, 'aten:'),"
+        " (4, 8, 'forward'), (5, 7, X'6174656e3a3a'), (6, 8, 'aten::to'), (7, 8, NULL)",
+    )
+    spec = [("a", "a", "int"), ("s", "s", "text")]
+    reader = _reader(db)
+    try:
+        rows = Rows(skip=Skip("s", "aten::", "k"))
+        skipped: list[tuple[int | None, int]] = []
+        read = reader._table_read("t", spec, rows, skipped)
+        assert read is not None
+        assert read["a"].to_list() == [3, 4, 5, 7]  # a short text, another name, a blob, a NULL: kept
+        assert read.equals(_sql_spec(reader, "t", spec, rows))
+        assert sorted(skipped, key=str) == sorted([(7, 1), (None, 1), (8, 1)], key=str)
+        assert sorted(_sql_skipped(reader, "t", rows), key=str) == sorted(skipped, key=str)
+        everything: list[tuple[int | None, int]] = []
+        assert reader._table_read("t", spec, Rows(skip=Skip("s", "aten::")), everything) is not None
+        assert everything == [(None, 3)]
+    finally:
+        reader.close()
+    (tmp_path / "spilled").mkdir()
+    spilled = _made(tmp_path / "spilled", "CREATE TABLE t (a INTEGER, s TEXT)")
+    conn = sqlite3.connect(spilled)
+    conn.execute("INSERT INTO t VALUES (1, ?)", ("x" * 9000 + "aten::",))  # the text spills past the page
+    conn.execute("CREATE TABLE w (a INTEGER, k INTEGER, s TEXT)")
+    conn.executemany("INSERT INTO w VALUES (?, ?, 'aten::x')", [(i, i) for i in range(4100)])
+    conn.commit()
+    conn.close()
+    reader = _reader(spilled)
+    try:
+        assert reader._table_read("t", [("a", "a", "int")], Rows(skip=Skip("s", "x" * 5000))) is None
+        assert reader._table_read("w", [("a", "a", "int")], Rows(skip=Skip("s", "aten::", "k"))) is None
+        assert reader._table_read("w", [("a", "a", "int")], Rows(skip=Skip("s", "aten::"))) is not None
+    finally:
+        reader.close()
+    with pytest.raises(ValueError, match="ASCII"):
+        Skip("s", "it's")

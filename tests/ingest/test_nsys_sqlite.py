@@ -150,9 +150,20 @@ def test_counts_match_sql(gz: Path, unpacked) -> None:
     assert cap.api_calls.height == truth.scalar(
         "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_RUNTIME"
     ) + truth.scalar("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_DRIVER", "CUPTI_ACTIVITY_KIND_DRIVER")
+    # PyTorch's per-op ranges (``aten::...``) are counted per thread, not kept (nsys_sqlite.OP_RANGE_PREFIX).
+    op_range = "typeof(text) = 'text' AND substr(text, 1, 6) = 'aten::'"
+    ranges = "FROM NVTX_EVENTS WHERE eventType IN (59, 60)"
     assert cap.ranges.height == truth.scalar(
-        "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL", "NVTX_EVENTS"
+        f"SELECT count(*) {ranges} AND end IS NOT NULL AND NOT ({op_range})", "NVTX_EVENTS"
     )
+    if "NVTX_EVENTS" in truth.tables and "text" in {
+        c for (_, c, *_) in truth.conn.execute("PRAGMA table_info(NVTX_EVENTS)")
+    }:
+        folded = truth.conn.execute(
+            f"SELECT (globalTid >> 24) & 16777215, globalTid & 16777215, count(*) {ranges} AND {op_range} GROUP BY 1, 2"
+        ).fetchall()
+        got_folded = sorted(cap.folded_ranges.iter_rows())
+        assert got_folded == sorted(folded)
     assert set(ops["pid"].unique().to_list()) == truth.gpu_pids()
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in truth.tables:
         api_pids = {
@@ -265,7 +276,13 @@ def test_nccl_domain_without_creation_row_is_named_from_its_payload_schemas(unpa
     nccl_domains = conn.execute(
         "SELECT DISTINCT domainId FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'NCCL communicator ID'"
     ).fetchall()
-    by_domain = dict(conn.execute("SELECT domainId, COUNT(*) FROM NVTX_EVENTS GROUP BY domainId").fetchall())
+    # Less PyTorch's per-op ranges (``aten::``), which are counted, not kept.
+    by_domain = dict(
+        conn.execute(
+            "SELECT domainId, COUNT(*) FROM NVTX_EVENTS WHERE NOT (typeof(text) = 'text' AND "
+            "substr(text, 1, 6) = 'aten::') GROUP BY domainId"
+        ).fetchall()
+    )
     conn.close()
     assert created == 0 and nccl_domains == [(1,)]
     cap = _capture(db)
@@ -302,7 +319,9 @@ def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
     domain_1 = ranges.filter(pl.col("domain") == "NCCL")
     assert domain_1.height == 462
     assert domain_1["payload_bytes"].to_list() == [123456789] * 462
-    assert ranges.filter(pl.col("domain").is_null())["payload_bytes"].null_count() == 18656
+    assert (
+        ranges.filter(pl.col("domain").is_null())["payload_bytes"].null_count() == 18656 - 18088
+    )  # less the per-op ranges
 
 
 def test_sqlite_safe_helpers(unpacked) -> None:
@@ -499,3 +518,29 @@ def test_type_drift_inside_a_column(unpacked, tmp_path: Path) -> None:
     kernels = read_nsys_sqlite(db).gpu_ops.filter(pl.col("kind") == "kernel")
     assert kernels.height == 1312
     assert end in kernels["end"].to_list()
+
+
+def test_per_op_ranges_are_counted_in_each_rank_s_health(unpacked) -> None:
+    """nsys-ai's mfu capture (two ranks in one file, ``emit_nvtx``): each rank's ``ranges`` counts
+    the ranges it keeps and its per-op ``aten::`` ones (``folded_op_ranges``), as SQL counts them
+    per process; the kept ones hold no per-op range."""
+    from traceguard.ingest import gpu_processes, split_by_process, with_rank
+    from traceguard.metrics.rank import analyse_rank
+
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    capture = read_nsys_sqlite(db, launches_only=True, keep_correlation=False)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    per_pid = dict(
+        conn.execute(
+            "SELECT (globalTid >> 24) & 16777215, SUM(typeof(text) = 'text' AND substr(text, 1, 6) = 'aten::') "
+            "FROM NVTX_EVENTS WHERE eventType IN (59, 60) GROUP BY 1"
+        ).fetchall()
+    )
+    conn.close()
+    assert not capture.ranges["name"].str.starts_with("aten::").any()
+    pids = gpu_processes(capture)
+    assert len(pids) == 2
+    for rank, part in split_by_process(capture, pids, 0):
+        health = analyse_rank(rank, with_rank(part, rank)).health
+        assert health["folded_op_ranges"] == per_pid[pids[rank]] > 8000
+        assert health["ranges"] == part.ranges.height + per_pid[pids[rank]]

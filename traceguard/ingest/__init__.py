@@ -157,16 +157,23 @@ def sniff(path: Path) -> str:
     )
 
 
-def read_capture(path: Path, *, shown: str | None = None, keep_correlation: bool = True) -> model.Capture:
+def read_capture(
+    path: Path,
+    *,
+    shown: str | None = None,
+    keep_correlation: bool = True,
+    nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+) -> model.Capture:
     """Read one capture file of any supported format; every error it raises names the file.
 
     ``shown`` is what messages and the capture call the file (the path the user gave, when
     ``path`` is that path made absolute for a worker elsewhere); by default ``path`` itself.
     ``keep_correlation=False`` (the analysis' map): an nsys export's ops lose their correlation
-    ids once their launches are joined (no metric reads them; ~9 bytes an op)."""
+    ids once their launches are joined (no metric reads them; ~9 bytes an op). ``nvtx_rows``: an
+    nsys export's NVTX rows read already by another reader of this file (``read_nsys_sqlite``)."""
     name = shown or str(path)
     try:
-        return _read_capture(path, name, keep_correlation)
+        return _read_capture(path, name, keep_correlation, nvtx_rows)
     except TraceguardError as exc:
         if shown and str(path) != shown:
             exc.message = exc.message.replace(str(path), shown)
@@ -175,12 +182,16 @@ def read_capture(path: Path, *, shown: str | None = None, keep_correlation: bool
         raise
 
 
-def _read_capture(path: Path, shown: str, keep_correlation: bool) -> model.Capture:
+def _read_capture(
+    path: Path, shown: str, keep_correlation: bool, nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None
+) -> model.Capture:
     kind = sniff(path)
     # The analysis needs only the CUDA calls that launched GPU work, joined to the ops as the
     # ops' launch columns (a third of the API rows on real captures, and no join left to do).
     if kind == "nsys-sqlite":
-        capture = read_nsys_sqlite(path, source_path=shown, launches_only=True, keep_correlation=keep_correlation)
+        capture = read_nsys_sqlite(
+            path, source_path=shown, launches_only=True, keep_correlation=keep_correlation, nvtx_rows=nvtx_rows
+        )
     elif kind == "nsys-rep":
         capture = read_nsys_sqlite(
             export_to_sqlite(path), source_path=shown, launches_only=True, keep_correlation=keep_correlation
@@ -231,6 +242,7 @@ def split_by_process(capture: model.Capture, pids: list[int], base_rank: int) ->
                     gpu_ops=capture.gpu_ops.filter(keep),
                     api_calls=capture.api_calls.filter(keep),
                     ranges=capture.ranges.filter(keep),
+                    folded_ranges=capture.folded_ranges.filter(keep),
                     devices=capture.devices,
                     processes=capture.processes.filter(keep),
                     strings=capture.strings,
@@ -250,6 +262,7 @@ def with_rank(capture: model.Capture, rank: int) -> model.Capture:
         gpu_ops=capture.gpu_ops.with_columns(lit),
         api_calls=capture.api_calls.with_columns(lit),
         ranges=capture.ranges.with_columns(lit),
+        folded_ranges=capture.folded_ranges,
         devices=capture.devices.with_columns(lit),
         processes=capture.processes.with_columns(lit),
         strings=capture.strings,

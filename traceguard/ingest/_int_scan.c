@@ -31,6 +31,12 @@
  *   kinds (optional, one letter per column, as scan()'s plus 'n'): 'i' an integer as it is, 't'
  *   or 'b' the bytes of a text or blob as IFNULL(CAST(x AS TEXT|BLOB), '') gives them (never
  *   null), 'n' 1 where the value is NULL, else 0 (the ``x IS NULL`` flag the nsys reader reads).
+ *   skip_column, skip_prefix, count_column (optional): rows (of those filtered in) whose
+ *   skip_column is a text starting with the bytes skip_prefix are not stored but counted per value
+ *   of count_column (an integer column; -1: all together); the result then has a fourth item,
+ *   [(value | None for NULL, rows skipped)] in first-seen order. The nsys reader folds PyTorch's
+ *   per-op ``aten::`` NVTX ranges so: 48 M of them never become strings. More than 4096 distinct
+ *   values to count, or a prefix on an overflow page, gives None as well.
  *   None whenever the file holds anything this reader does not take exactly as SQLite would: a
  *   value needed that lies on an overflow page, a value that is not an integer or NULL in an integer
  *   column read or filtered, a number in a text or blob column, text not stored as UTF-8, a page
@@ -626,6 +632,7 @@ fail_args:
 /* ---- a rowid table's b-tree, walked without SQLite (table(), see the top) --------------------- */
 
 #define TREE_BLOCK (1 << 20)
+#define MAX_SKIP_KEYS 4096 /* distinct count_column values of skipped rows (threads): more gives way */
 #define TREE_DEPTH 20
 #define TREE_AHEAD_AFTER 4 /* pages in file order before reading ahead */
 
@@ -645,7 +652,13 @@ typedef struct {
     const int *wanted; int n_wanted; int max_wanted;
     char kinds[MAX_COLUMNS]; /* per wanted column: 'i', 't', 'b' or 'n' (table(), at the top) */
     int filter_column; const int64_t *filter; Py_ssize_t n_filter;
-    uint8_t read_here[MAX_COLUMNS]; /* per record column: read (wanted or filtered) */
+    /* Rows whose skip_column holds text starting with skip_prefix are not stored but counted, per
+       value of count_column (-1: in all): table()'s folding of per-op NVTX ranges. */
+    int skip_column; const uint8_t *skip_prefix; Py_ssize_t skip_len; int count_column;
+    int64_t skip_keys[MAX_SKIP_KEYS], skip_counts[MAX_SKIP_KEYS];
+    int n_skip_keys, last_skip_key;
+    int64_t skip_null; /* skipped rows whose count_column is NULL (or all of them: no count_column) */
+    uint8_t read_here[MAX_COLUMNS]; /* per record column: read (wanted, filtered, skipped or counted) */
     int64_t last_rowid; int any_rowid;
     Scan *scan;
     int unsupported; /* 1: give up (the caller reads through SQLite) */
@@ -793,6 +806,46 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
         int64_t v = ft == 8 ? 0 : ft == 9 ? 1 : tree_int(record + offsets[c], (int)VALUE_SIZE(ft));
         if (!tree_in_filter(t, v)) return 0;
     }
+    if (t->skip_column >= 0) {
+        int c = t->skip_column;
+        uint64_t st = c < reached ? types[c] : 0;
+        if (st >= 13 && (st & 1) && (st - 12) / 2 >= (uint64_t)t->skip_len) { /* text as long as the prefix */
+            if (offsets[c] + (uint64_t)t->skip_len > local) {
+                t->unsupported = 1; /* the prefix itself on an overflow page */
+                return -1;
+            }
+            if (memcmp(record + offsets[c], t->skip_prefix, (size_t)t->skip_len) == 0) {
+                int k = t->count_column;
+                if (k < 0 || k >= reached || types[k] == 0) {
+                    t->skip_null++;
+                    return 0;
+                }
+                if (!IS_INT(types[k]) || offsets[k] + VALUE_SIZE(types[k]) > local) {
+                    t->unsupported = 1;
+                    return -1;
+                }
+                uint64_t kt = types[k];
+                int64_t key = kt == 8 ? 0 : kt == 9 ? 1 : tree_int(record + offsets[k], (int)VALUE_SIZE(kt));
+                int at = t->last_skip_key; /* rows of one thread come in runs: try the last key first */
+                if (at >= t->n_skip_keys || t->skip_keys[at] != key) {
+                    for (at = 0; at < t->n_skip_keys && t->skip_keys[at] != key; at++) {
+                    }
+                    if (at == t->n_skip_keys) {
+                        if (at == MAX_SKIP_KEYS) {
+                            t->unsupported = 1;
+                            return -1;
+                        }
+                        t->skip_keys[at] = key;
+                        t->skip_counts[at] = 0;
+                        t->n_skip_keys++;
+                    }
+                    t->last_skip_key = at;
+                }
+                t->skip_counts[at]++;
+                return 0;
+            }
+        }
+    }
     /* Every value to store is checked before any is: a row is stored whole or not at all. */
     for (int w = 0; w < t->n_wanted; w++) {
         int c = t->wanted[w];
@@ -908,8 +961,12 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     (void)module;
     const char *kinds = "";
     Py_ssize_t n_kinds = 0;
-    if (!PyArg_ParseTuple(args, "sLOOOiO|s#", &path, &root, &columns_obj, &names_obj, &ranges_obj, &filter_column,
-                          &filter_obj, &kinds, &n_kinds))
+    int skip_column = -1, count_column = -1;
+    const char *skip_prefix = "";
+    Py_ssize_t skip_len = 0;
+    if (!PyArg_ParseTuple(args, "sLOOOiO|s#iy#i", &path, &root, &columns_obj, &names_obj, &ranges_obj,
+                          &filter_column, &filter_obj, &kinds, &n_kinds, &skip_column, &skip_prefix, &skip_len,
+                          &count_column))
         return NULL;
     PyObject *columns_seq = PySequence_Fast(columns_obj, "columns must be a sequence");
     if (columns_seq == NULL) return NULL;
@@ -926,10 +983,17 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     Tree t;
     memset(&t, 0, sizeof t);
     t.fd = -1;
-    if (n_wanted < 1 || n_wanted > MAX_COLUMNS || filter_column >= MAX_COLUMNS) {
+    if (n_wanted < 1 || n_wanted > MAX_COLUMNS || filter_column >= MAX_COLUMNS || skip_column >= MAX_COLUMNS ||
+        count_column >= MAX_COLUMNS) {
         PyErr_SetString(PyExc_ValueError, "table: 1 to 64 columns");
         goto done;
     }
+    if (skip_column >= 0 && skip_len < 1) {
+        PyErr_SetString(PyExc_ValueError, "table: skipping rows needs a prefix of at least one byte");
+        goto done;
+    }
+    if (skip_column > max_wanted) max_wanted = skip_column;
+    if (count_column > max_wanted) max_wanted = count_column;
     for (Py_ssize_t i = 0; i < n_wanted; i++) {
         long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(columns_seq, i));
         if (c == -1 && PyErr_Occurred()) goto done;
@@ -1014,6 +1078,12 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     for (int w = 0; w < t.n_wanted; w++)
         if (wanted[w] >= 0) t.read_here[wanted[w]] = 1;
     if (filter_column >= 0) t.read_here[filter_column] = 1;
+    t.skip_column = skip_column;
+    t.skip_prefix = (const uint8_t *)skip_prefix;
+    t.skip_len = skip_len;
+    t.count_column = skip_column >= 0 ? count_column : -1;
+    if (skip_column >= 0) t.read_here[skip_column] = 1;
+    if (t.count_column >= 0) t.read_here[t.count_column] = 1;
     t.filter = filter;
     t.n_filter = n_filter;
     t.scan = &s;
@@ -1069,6 +1139,23 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
         goto done;
     }
     result = result_of(&s, (char **)names);
+    if (result != NULL && skip_column >= 0) { /* (names, columns, rows, [(count_column value | None, rows skipped)]) */
+        PyObject *skipped = PyList_New(0);
+        PyObject *grown = NULL;
+        for (int k = 0; skipped != NULL && k <= t.n_skip_keys; k++) {
+            PyObject *pair = k < t.n_skip_keys ? Py_BuildValue("(LL)", (long long)t.skip_keys[k], (long long)t.skip_counts[k])
+                             : t.skip_null ? Py_BuildValue("(OL)", Py_None, (long long)t.skip_null)
+                                           : NULL;
+            if (pair == NULL && (k < t.n_skip_keys || t.skip_null)) Py_CLEAR(skipped);
+            else if (pair != NULL && PyList_Append(skipped, pair) != 0) Py_CLEAR(skipped);
+            Py_XDECREF(pair);
+        }
+        if (skipped != NULL) grown = PyTuple_Pack(4, PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
+                                                  PyTuple_GET_ITEM(result, 2), skipped);
+        Py_XDECREF(skipped);
+        Py_DECREF(result);
+        result = grown;
+    }
 done:
     if (t.fd >= 0) close(t.fd);
     free(t.block);
@@ -1088,8 +1175,8 @@ static PyMethodDef methods[] = {
      "scan(uri, sql, setup=(), limits=(), kinds='') -> (names, [(data, validity | None) or (offsets, data, "
      "validity | None)], rows)"},
     {"table", table_scan, METH_VARARGS,
-     "table(path, root, columns, names, ranges, filter_column, filter_values) -> (names, [(data, validity | "
-     "None)], rows) | None"},
+     "table(path, root, columns, names, ranges, filter_column, filter_values, kinds='', skip_column=-1, "
+     "skip_prefix=b'', count_column=-1) -> (names, [(data, validity | None)], rows[, skipped]) | None"},
     {NULL, NULL, 0, NULL},
 };
 

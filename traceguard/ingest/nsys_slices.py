@@ -203,12 +203,13 @@ class SlicedNsys:
             domains = reader.domain_names()
             info = reader.info(domains)
             self._graph_ops()  # names the graphs (reader.graph_strings)
-            ranges = reader.ranges(self._strings, domains)
+            ranges, folded = reader.ranges(self._strings, domains)
             capture = model.Capture(
                 info=info,
                 gpu_ops=model.empty({**model.GPU_OPS_SCHEMA, **model.LAUNCH_SCHEMA}),
                 api_calls=model.empty(model.API_CALLS_SCHEMA),
                 ranges=ranges,
+                folded_ranges=folded,
                 devices=reader.devices(),
                 processes=reader.processes(),
                 strings=reader.all_strings(self._strings),
@@ -217,6 +218,12 @@ class SlicedNsys:
             reader.add_link_samples(capture, background=True)
             info.notes.extend(reader.text_notes())  # the GPU tables hold no text
             return capture
+
+    def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """What this read read of the NVTX table (``_Reader.nvtx_rows``): for a whole read of the
+        same file (``read_nsys_sqlite(nvtx_rows=...)``), which then does not read it again."""
+        with read_errors(self.shown):
+            return self._reader.nvtx_rows()
 
     def _graph_ops(self) -> pl.DataFrame:
         """The CUDA graph executions the whole read keeps, conformed (empty when none). An

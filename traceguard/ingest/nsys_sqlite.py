@@ -38,7 +38,7 @@ from traceguard import model
 from traceguard.errors import InputError
 from traceguard.ingest import gpu_metrics
 from traceguard.ingest.cache import gunzip_cached
-from traceguard.ingest.rows import LOWEST_ROWID, Rows, int_list
+from traceguard.ingest.rows import LOWEST_ROWID, Rows, Skip, int_list
 from traceguard.ingest.sqlite_safe import (
     SAFE_PRAGMAS,
     open_readonly,
@@ -82,6 +82,12 @@ META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2024.5+ name first, 20
 NVTX_PUSH_POP = 59
 NVTX_START_END = 60
 NVTX_DOMAIN_CREATE = 75
+#: The text of PyTorch's per-op NVTX ranges (``torch.autograd.profiler.emit_nvtx``, Lightning's
+#: and NeMo's nsys modes: ``aten::addmm, seq = 12, op_id = 34``, one range per ATen operator
+#: call, 95 % of such a capture's ranges). No metric reads them as rows, so they are counted per
+#: thread and not kept (docs/steps.md, "Per-op ranges"): 48 M of them took 10.9 s and 3 GB to
+#: read as strings, their count alone takes the b-tree walk.
+OP_RANGE_PREFIX = "aten::"
 
 #: Synthetic names for copies and sets (nsys records no name for them). Negative ids cannot
 #: collide with ``StringIds`` (which are non-negative).
@@ -196,7 +202,12 @@ def _is_gzip(path: Path) -> bool:
 
 
 def read_nsys_sqlite(
-    path: Path, *, source_path: str | None = None, launches_only: bool = False, keep_correlation: bool = True
+    path: Path,
+    *,
+    source_path: str | None = None,
+    launches_only: bool = False,
+    keep_correlation: bool = True,
+    nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> Capture:
     """Read one nsys SQLite export (or a gzipped one) into the normalized model; rank stays null.
 
@@ -211,9 +222,14 @@ def read_nsys_sqlite(
     ``keep_correlation=False`` (with ``launches_only``): ``correlation_id`` is null once the
     launches are joined. No metric reads it after that join, and at 10 M GPU ops the column is
     87 MB held through the whole analysis.
+
+    ``nvtx_rows``: what another reader of the same file read of its NVTX table
+    (:meth:`_Reader.nvtx_rows`), not read again (the sliced reader's look at a file it then
+    hands to this read whole: a per-op capture's table is most of its file).
     """
     model.bound_heap()  # freed read buffers go back to the OS at once (model.bound_heap)
     reader = open_reader(Path(path), source_path or str(path), launches_only, keep_correlation)
+    reader._nvtx = nvtx_rows
     try:
         with read_errors(reader.shown):
             capture = reader.read()
@@ -289,6 +305,8 @@ class _Reader:
         self._owner: object = _UNSET
         #: Table → text values read that were not UTF-8 (read with U+FFFD: :func:`valid_utf8`).
         self.not_utf8: dict[str, int] = {}
+        #: :meth:`nvtx_rows`, once read (or handed over from another reader of the file).
+        self._nvtx: tuple[pl.DataFrame, pl.DataFrame] | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -312,12 +330,19 @@ class _Reader:
             self._adbc = _adbc_connect(self.db)
         return self._adbc
 
-    def bulk(self, table: str, spec: Sequence[tuple[str, str, str]], where: str | Rows = "") -> pl.DataFrame:
+    def bulk(
+        self,
+        table: str,
+        spec: Sequence[tuple[str, str, str]],
+        where: str | Rows = "",
+        skipped: list[tuple[int | None, int]] | None = None,
+    ) -> pl.DataFrame:
         """Read ``spec`` = [(alias, SQL expression over existing columns, kind)] from ``table``.
 
         ``where``: a SQL ``WHERE`` clause, or :class:`Rows` (every row when empty). Integer
         columns read as they are, of the rows :class:`Rows` says, go to the b-tree reader
-        (:meth:`_table_read`) first; SQLite reads whatever it does not take.
+        (:meth:`_table_read`) first; SQLite reads whatever it does not take. With ``Rows.skip``,
+        ``skipped`` gets the rows it left out, as (``count_by`` value, rows) pairs.
 
         The C reader when it is built: integers as ``CAST(x AS INTEGER)`` takes a non-integer
         value, text and bytes as SQLite converts them (the same SQL as ADBC's below); text that is
@@ -335,8 +360,10 @@ class _Reader:
         rows = Rows() if where == "" else where if isinstance(where, Rows) else None
         if rows is not None:
             where = rows.where()
-            if (read := self._table_read(table, spec, rows)) is not None:
+            if (read := self._table_read(table, spec, rows, skipped)) is not None:
                 return read if ints_only else read.cast({name: types[name] for name in read.columns})
+            if rows.skip is not None:
+                self._count_skipped(table, rows, skipped)
         assert isinstance(where, str)
         if ints_only and _int_scan is not None:
             return scan_ints(self.db, self._select(table, spec, where, cast=False))
@@ -385,7 +412,22 @@ class _Reader:
         self._layouts[table] = layout
         return layout
 
-    def _table_read(self, table: str, spec: Sequence[tuple[str, str, str]], rows: Rows) -> pl.DataFrame | None:
+    def _count_skipped(self, table: str, rows: Rows, skipped: list[tuple[int | None, int]] | None) -> None:
+        """SQLite's count of the rows ``rows.skip`` leaves out, into ``skipped`` (the C reader's pairs)."""
+        assert rows.skip is not None
+        by = rows.skip.count_by
+        key = by if by is not None else "NULL"
+        found = self.small(f"SELECT {key}, COUNT(*) FROM {table} {rows.where(skipped=True)} GROUP BY 1")
+        if skipped is not None:
+            skipped.extend((None if k is None else int(k), int(n)) for k, n in found if n)
+
+    def _table_read(
+        self,
+        table: str,
+        spec: Sequence[tuple[str, str, str]],
+        rows: Rows,
+        skipped: list[tuple[int | None, int]] | None = None,
+    ) -> pl.DataFrame | None:
         """``spec``'s columns of ``rows`` by the b-tree reader (``_int_scan.table``), as
         :meth:`_select`'s SQL gives them (a text column with its ``__null`` flag), when every
         expression is a column it may read (or the rowid) and the file holds nothing it does not
@@ -425,8 +467,20 @@ class _Reader:
         ranges = None if rows.ranges is None else [int(v) for span in rows.ranges for v in span]
         if ranges is not None and any(b < a for a, b in itertools.pairwise(ranges)):
             return None  # not in order (the C reader walks the ranges as the rowids rise)
-        read = _int_scan.table(str(self.db), root, wanted, names, ranges, filter_at, sorted(set(rows.values)), kinds)
-        return None if read is None else int_frame(*read, kinds.replace("n", "i"))
+        skip: tuple[int, bytes, int] | tuple[()] = ()
+        if rows.skip is not None:
+            by = rows.skip.count_by
+            if positions.get(rows.skip.column, -1) < 0 or (by is not None and positions.get(by, -1) < 0):
+                return None
+            skip = (positions[rows.skip.column], rows.skip.prefix.encode(), -1 if by is None else positions[by])
+        values = sorted(set(rows.values))
+        read = _int_scan.table(str(self.db), root, wanted, names, ranges, filter_at, values, kinds, *skip)
+        if read is None:
+            return None
+        frame = int_frame(*read[:3], kinds.replace("n", "i"))
+        if frame is not None and skip and skipped is not None:
+            skipped.extend(read[3])
+        return frame
 
     @staticmethod
     def _select(table: str, spec: Sequence[tuple[str, str, str]], where: str, *, cast: bool) -> str:
@@ -475,7 +529,7 @@ class _Reader:
             domains = self.domain_names()
             info = self.info(domains)
             gpu_ops = self.gpu_ops()
-            ranges = self.ranges(strings, domains)
+            ranges, folded = self.ranges(strings, domains)
             api_calls = self.finish_api_calls(pending, launch_ids)
         finally:
             pending.close()
@@ -489,6 +543,7 @@ class _Reader:
             gpu_ops=gpu_ops,
             api_calls=api_calls,
             ranges=ranges,
+            folded_ranges=folded,
             devices=self.devices(),
             processes=self.processes(),
             strings=self.all_strings(strings),
@@ -575,17 +630,19 @@ class _Reader:
         cols = self.columns(NVTX)
         if not {"eventType", "domainId"} <= cols:
             return {}
-        text = "text" if "text" in cols else "NULL"
-        text_id = "textId" if "textId" in cols else "NULL"
-        rows = self.small(
-            f"SELECT n.domainId, COALESCE(n.{text}, (SELECT value FROM StringIds s WHERE s.id = n.{text_id}))"
-            f" FROM {NVTX} n WHERE n.eventType = ?",
-            (NVTX_DOMAIN_CREATE,),
-        )
+        events, _ = self.nvtx_rows()
+        created = events.filter(pl.col("event") == NVTX_DOMAIN_CREATE) if events.height else events
         names: dict[int, str] = {}
-        for domain_id, name in rows:
-            if isinstance(domain_id, int) and isinstance(name, str):
-                names.setdefault(domain_id, name)
+        if created.height:
+            # The name is the row's text, else its registered string (COALESCE(text, StringIds)).
+            ids = created.filter(pl.col("text__null") == 1)["text_id"].drop_nulls().unique().to_list()
+            registered: dict[Any, Any] = {}
+            if ids and "StringIds" in self.tables:
+                registered = dict(self.small(f"SELECT id, value FROM StringIds WHERE id IN ({int_list(ids)})"))
+            for domain_id, text, null, text_id in created.select("domain_id", "text", "text__null", "text_id").rows():
+                name = registered.get(text_id) if null else text
+                if isinstance(domain_id, int) and isinstance(name, str):
+                    names.setdefault(domain_id, name)
         # A capture cut to a time window (nsys-ai's fixtures) can lose the domain-create row; NCCL's
         # domain still shows in its payload schemas, which alone carry "NCCL communicator ID".
         table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
@@ -1157,11 +1214,21 @@ class _Reader:
                 found.setdefault((domain_id, schema_id), set()).add(offset)
         return {key: next(iter(o)) for key, o in found.items() if len(o) == 1}
 
-    def ranges(self, strings: pl.DataFrame, domains: dict[int, str]) -> pl.DataFrame:
+    def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """One read of ``NVTX_EVENTS`` for both its uses (memoized): the push/pop and start/end
+        ranges and the domain-create rows (``event`` says which), and the ranges folded instead,
+        counted per thread (:data:`model.FOLDED_RANGES_SCHEMA`): those whose own text starts with
+        :data:`OP_RANGE_PREFIX`, PyTorch's per-op ranges, never become rows. A per-op capture's
+        table is most of its file: the domains' own scan through SQLite took 1.9 s of 48 M rows."""
+        if self._nvtx is not None:
+            return self._nvtx
+        folded = model.empty(model.FOLDED_RANGES_SCHEMA)
         cols = self.columns(NVTX)
         if NVTX not in self.tables or not {"start", "end", "eventType"} <= cols:
-            return model.empty(model.RANGES_SCHEMA)
-        spec: list[tuple[str, str, str]] = [("start", "start", _INT), ("end", "end", _INT)]
+            self._nvtx = pl.DataFrame(), folded
+            return self._nvtx
+        spec: list[tuple[str, str, str]] = [("event", "eventType", _INT), ("start", "start", _INT)]
+        spec.append(("end", "end", _INT))
         if "globalTid" in cols:
             spec.append(("global_tid", "globalTid", _INT))
         spec.append(("text", "text" if "text" in cols else "NULL", _TEXT))
@@ -1171,12 +1238,38 @@ class _Reader:
         peer_offsets = self.peer_offsets()
         if (offsets or peer_offsets) and "binaryData" in cols:
             spec.append(("payload", "binaryData", _BLOB))
+        skip = Skip("text", OP_RANGE_PREFIX, "globalTid" if "globalTid" in cols else None) if "text" in cols else None
+        skipped: list[tuple[int | None, int]] = []
+        kinds = (NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE)
+        frame = self.bulk(NVTX, spec, Rows(column="eventType", values=kinds, skip=skip), skipped)
+        # (A domain whose name starts with the prefix would be folded with the ranges: PyTorch
+        # names none so, and its ranges would be counted all the same.)
+        if skipped:
+            folded = pl.DataFrame(
+                {"tid": [k for k, _ in skipped], "ranges": [n for _, n in skipped]},
+                schema={"tid": pl.Int64, "ranges": pl.Int64},
+            )
+            folded = model.conform(
+                folded.with_columns(_pid_of(pl.col("tid")).alias("pid"), _tid_of(pl.col("tid")).alias("tid"))
+                .group_by("pid", "tid", maintain_order=True)
+                .agg(pl.col("ranges").sum()),
+                model.FOLDED_RANGES_SCHEMA,
+            )
+        self._nvtx = frame, folded
+        return self._nvtx
+
+    def ranges(self, strings: pl.DataFrame, domains: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The closed push/pop and start/end ranges (:data:`model.RANGES_SCHEMA`, nested), and
+        those folded instead, counted per thread (:meth:`nvtx_rows`)."""
+        rows, folded = self.nvtx_rows()
+        if rows.height == 0:
+            return model.empty(model.RANGES_SCHEMA), folded
         # Ranges only (push/pop, start/end), and only closed ones (an open range has no end).
-        frame = self.bulk(NVTX, spec, Rows(column="eventType", values=(NVTX_PUSH_POP, NVTX_START_END)))
+        frame = rows.filter(pl.col("event") != NVTX_DOMAIN_CREATE).drop("event")
         if frame["end"].null_count():
             frame = frame.filter(pl.col("end").is_not_null())
         if frame.height == 0:
-            return model.empty(model.RANGES_SCHEMA)
+            return model.empty(model.RANGES_SCHEMA), folded
         if "global_tid" in frame.columns:
             tid = pl.col("global_tid")
             frame = frame.with_columns(_pid_of(tid).alias("pid"), _tid_of(tid).alias("tid")).drop("global_tid")
@@ -1205,6 +1298,7 @@ class _Reader:
         payload = pl.lit(None, dtype=pl.Int64)
         peer = pl.lit(None, dtype=pl.Int32)
         if "payload" in frame.columns:
+            offsets, peer_offsets = self.payload_offsets(), self.peer_offsets()
             frame = frame.with_columns(_payload_base(pl.col("payload")).alias("payload_base"))
             bases = [b for b in frame["payload_base"].unique().to_list() if b is not None]
             for domain_key, offset in offsets.items():  # one expression per domain and base, not per event
@@ -1234,7 +1328,7 @@ class _Reader:
             pl.int_range(pl.len(), dtype=pl.Int64).alias("range_id"),
         )
         nested = model.nest_ranges(model.conform(frame, model.RANGES_SCHEMA))
-        return model.conform(nested, model.RANGES_SCHEMA)
+        return model.conform(nested, model.RANGES_SCHEMA), folded
 
     def devices(self) -> pl.DataFrame:
         table = "TARGET_INFO_GPU"

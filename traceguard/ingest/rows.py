@@ -17,6 +17,25 @@ LOWEST_ROWID = -(1 << 63)
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Rows to leave out but count: those whose ``column`` is a text starting with ``prefix``
+    (ASCII, so that SQLite's character ``substr`` is the C reader's byte compare), counted per
+    value of ``count_by`` (None: all together)."""
+
+    column: str
+    prefix: str
+    count_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prefix or not self.prefix.isascii() or "'" in self.prefix:
+            raise ValueError(f"a skip prefix is a non-empty ASCII text without quotes, not {self.prefix!r}")
+
+    def matches(self) -> str:
+        """The SQL test of a skipped row."""
+        return f"typeof({self.column}) = 'text' AND substr({self.column}, 1, {len(self.prefix)}) = '{self.prefix}'"
+
+
+@dataclass(frozen=True)
 class Rows:
     """Which rows of a table a read takes, said so that both readers take the same ones: rowid
     ranges ``[lo, hi)`` in order (None: every row) and, with ``column``, only rows whose value
@@ -28,8 +47,11 @@ class Rows:
     column: str | None = None
     values: tuple[int, ...] = ()
     rowid: str = "rowid"
+    #: Rows of those left out and counted instead (the nsys reader's ``bulk`` gives the counts).
+    skip: Skip | None = None
 
-    def where(self) -> str:
+    def where(self, *, skipped: bool = False) -> str:
+        """The SQL of the rows read; ``skipped``: of the rows :attr:`skip` leaves out instead."""
         conditions = []
         if self.ranges is not None:
             spans = [f"({self.rowid} >= {int(a)} AND {self.rowid} < {int(b)})" for a, b in self.ranges]
@@ -39,4 +61,6 @@ class Rows:
             low, high = (min(self.values), max(self.values)) if self.values else (0, -1)
             column = self.column
             conditions.append(f"{column} BETWEEN {int(low)} AND {int(high)} AND {column} IN ({int_list(self.values)})")
+        if self.skip is not None:
+            conditions.append(self.skip.matches() if skipped else f"NOT ({self.skip.matches()})")
         return "WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""

@@ -758,10 +758,12 @@ def _health(capture: Capture, steps: pl.DataFrame, counts: dict[str, int]) -> di
     ranges = capture.ranges
     domains_with_ranges = set(ranges["domain"].drop_nulls().unique().to_list())
     empty_domains = [d for d in capture.info.nvtx_domains if d not in domains_with_ranges]
+    folded = int(capture.folded_ranges["ranges"].sum() or 0)
     return {
         "gpu_ops": counts["gpu_ops"],
         "api_calls": capture.api_calls.height,
-        "ranges": ranges.height,
+        "ranges": ranges.height + folded,  # every range seen, the per-op ones counted but not kept too
+        "folded_op_ranges": folded,
         "steps": steps.height,
         "has_gpu_trace": capture.info.has_gpu_trace,
         "has_ranges": capture.info.has_ranges,
