@@ -178,6 +178,15 @@ _OWNER_SCHEMA: dict[str, pl.DataType] = {"correlation_id": pl.Int64(), "pid": pl
 _UNSET = object()
 
 
+#: An API table's columns the model reads: (alias, column).
+_API_COLUMNS = (
+    ("start", "start"),
+    ("correlation_id", "correlationId"),
+    ("name_id", "nameId"),
+    ("global_tid", "globalTid"),
+)
+
+
 class TooManyRows(InputError):
     code = "too_many_rows"
 
@@ -1016,19 +1025,21 @@ class _Reader:
             if launch_ids is not None and "nameId" in cols:
                 conditions.append(Rows(column="nameId", values=tuple(launch_ids)).where().removeprefix("WHERE "))
             where = "WHERE " + " AND ".join(f"({c})" for c in conditions)
-        spec = [
-            (alias, column, _INT)
-            for alias, column in (
-                ("start", "start"),
-                ("correlation_id", "correlationId"),
-                ("name_id", "nameId"),
-                ("global_tid", "globalTid"),
-            )
-            if column in cols
-        ]
+        spec = [(alias, column, _INT) for alias, column in _API_COLUMNS if column in cols]
         if rowid is not None:
             spec.append(("rowid", rowid, _INT))
-        frame = self.bulk(table, spec, where)
+        return self._api_frame(self.bulk(table, spec, where))
+
+    def api_table_walked(self, table: str, rows: Rows) -> pl.DataFrame | None:
+        """:meth:`api_table` of ``rows`` by the b-tree reader alone; None where it gives way (the
+        caller then reads otherwise: a long value list is more than one SQL ``IN`` takes)."""
+        cols = self.columns(table)
+        spec = [(alias, column, _INT) for alias, column in _API_COLUMNS if column in cols]
+        frame = self._table_read(table, spec, rows)
+        return None if frame is None else self._api_frame(frame)
+
+    @staticmethod
+    def _api_frame(frame: pl.DataFrame) -> pl.DataFrame:
         # Every column in its model type in one pass (one new array each, no intermediates).
         types = model.API_CALLS_SCHEMA
         columns: list[pl.Expr] = []
@@ -1080,7 +1091,10 @@ class _Reader:
             def read(condition: str, table: str = table) -> pl.DataFrame:
                 return self.api_table(table, condition)
 
-            frame = model.conform(self.with_ids(table, ids, read), model.API_CALLS_SCHEMA)
+            def walk(rows: Rows, table: str = table) -> pl.DataFrame | None:
+                return self.api_table_walked(table, rows)
+
+            frame = model.conform(self.with_ids(table, ids, read, walk), model.API_CALLS_SCHEMA)
             if launch_ids is not None:
                 # As :meth:`api_table` filters: a table without names holds launches only.
                 named = "nameId" in self.columns(table)
@@ -1099,11 +1113,24 @@ class _Reader:
         found = model.gather_launches(others, model.launch_rows(ops[missing], others))
         return [col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True)]
 
-    def with_ids(self, table: str, ids: Sequence[int], read: Callable[[str], pl.DataFrame]) -> pl.DataFrame:
+    def with_ids(
+        self,
+        table: str,
+        ids: Sequence[int],
+        read: Callable[[str], pl.DataFrame],
+        walk: Callable[[Rows], pl.DataFrame | None] | None = None,
+    ) -> pl.DataFrame:
         """The rows of ``table`` whose ``correlationId`` is in ``ids``, as ``read(SQL condition)``
-        gives them (a frame with ``correlation_id``): :data:`IN_LIST_IDS` ids per ``IN`` list,
-        or, for more than :data:`IN_LISTS` lists, one pass in rowid chunks matched in memory.
-        The rows of one id keep their rowid order (rows of different ids may interleave)."""
+        gives them (a frame with ``correlation_id``): by ``walk`` (the b-tree reader: one pass,
+        the ids looked up in C) when given and it takes the table; else :data:`IN_LIST_IDS` ids
+        per ``IN`` list, or, for more than :data:`IN_LISTS` lists, one pass in rowid chunks matched
+        in memory (SQLite: a pass of 18.6 M API rows is 2-3 s, and a sliced read of a capture whose
+        copies lack launch rows made one per slice: 119 s of a 10 M-kernel file). The rows of one
+        id keep their rowid order (rows of different ids may interleave)."""
+        if walk is not None and ids and "correlationId" in self.columns(table):
+            walked = walk(Rows(column="correlationId", values=tuple(sorted(set(ids)))))
+            if walked is not None:
+                return walked
         rowid = next((n for n in ("rowid", "_rowid_", "oid") if n not in self.columns(table)), None)
         if len(ids) <= IN_LISTS * IN_LIST_IDS or rowid is None or "correlationId" not in self.columns(table):
             chunks = range(0, len(ids), IN_LIST_IDS)
