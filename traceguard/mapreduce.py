@@ -97,6 +97,13 @@ class SchedulerError(InputError):
     """The scheduler named cannot be used (unknown form, dask not installed, unreachable)."""
 
 
+#: GPU ops a sliced analysis reads at a time (:attr:`MapOptions.slice_rows`). 1 M, not 2 M: on the
+#: benchmark's shapes right after another process freed its memory (bench/README.md, "Where
+#: traceguard's nsys time goes") 12-15 % faster and 0.1-0.25 GB lower at the peak, with glibc's
+#: own heap; the per-slice work that costs is fixed, not per op.
+SLICE_ROWS = 1_000_000
+
+
 @dataclass(frozen=True)
 class MapOptions:
     """What every rank's analysis is told (the same for all inputs)."""
@@ -108,7 +115,7 @@ class MapOptions:
     #: slice, the same report; :mod:`traceguard.metrics.sliced`); None: :func:`sliced_above`'s default.
     sliced_above: int | None = None
     #: GPU ops per time slice of a sliced analysis.
-    slice_rows: int = 2_000_000
+    slice_rows: int = SLICE_ROWS
 
 
 @dataclass
@@ -194,8 +201,8 @@ SLICED_ABOVE_ENV = "TRACEGUARD_SLICED_ABOVE"
 
 #: The default :func:`sliced_above` on a machine with 4 GiB of memory or more: exports from
 #: 1 GiB on are analysed in slices, so that no default analysis peaks much above 1 GB (the
-#: whole-file analysis peaks near 0.75× the export's size; the sliced one near 0.85 GB for 2 M-op
-#: slices, whatever the size) and, measured on 10 M kernels, no slower (bench/RESULTS.md).
+#: whole-file analysis peaks near 0.75× the export's size; the sliced one near 0.6-0.8 GB for
+#: slices of :data:`SLICE_ROWS` ops, whatever the size) and, measured on 10 M kernels, no slower (bench/RESULTS.md).
 SLICED_ABOVE_DEFAULT = 1 << 30
 
 

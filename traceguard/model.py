@@ -13,7 +13,6 @@ resolves the run's ranks (DESIGN.md, "Ranks").
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -532,27 +531,3 @@ def _threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-#: glibc's ``mallopt`` parameter for the size from which an allocation gets a mapping of its own.
-_M_MMAP_THRESHOLD = -3
-#: Allocations of this size and more are mapped on their own (see :func:`bound_heap`).
-HEAP_MMAP_BYTES = 1 << 20
-
-
-def bound_heap() -> None:
-    """Give every C-heap allocation of :data:`HEAP_MMAP_BYTES` or more a mapping of its own
-    (glibc; elsewhere nothing), so that it goes back to the OS the moment it is freed.
-
-    Why: the analysis frees many NumPy temporaries of a few MB (a slice of a 10 M-row column).
-    glibc's default raises its mapping threshold up to 32 MB as large blocks are freed, so such
-    blocks land in the heap and stay there, counted in the peak RSS (150-250 MB of the 10 M-kernel
-    benchmark's peak), while the allocations above 1 MB are too few for the extra mappings to cost
-    measurable time (user + system time unchanged there). Process-wide and idempotent."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_BYTES)

@@ -119,7 +119,6 @@ def open_sliced(path: Path, *, shown: str | None = None, keep_correlation: bool 
     """Open one nsys SQLite export (or a gzipped one) for a sliced read; close it after use
     (a context manager). ``shown`` names the file in messages (default: ``path``).
     ``keep_correlation`` as :func:`read_nsys_sqlite`'s (default: null, as the analysis reads)."""
-    model.bound_heap()  # freed slices go back to the OS at once (model.bound_heap)
     path = Path(path)
     name = shown or str(path)
     reader = open_reader(path, name, launches_only=True, keep_correlation=keep_correlation)

@@ -236,7 +236,6 @@ def read_nsys_sqlite(
     (:meth:`_Reader.nvtx_rows`), not read again (the sliced reader's look at a file it then
     hands to this read whole: a per-op capture's table is most of its file).
     """
-    model.bound_heap()  # freed read buffers go back to the OS at once (model.bound_heap)
     reader = open_reader(Path(path), source_path or str(path), launches_only, keep_correlation)
     reader._nvtx = nvtx_rows
     try:

@@ -32,7 +32,7 @@ from traceguard.metrics.steps import (
 )
 from traceguard.metrics.timeline import compute_union, rank_timeline
 from traceguard.metrics.workloads import BubbleInputs, rank_workload
-from traceguard.model import Capture, add_columns, bound_heap
+from traceguard.model import Capture, add_columns
 
 #: Why one rank alone has no straggler spread; the run replaces it when it has the ranks.
 STRAGGLER_NEEDS_RANKS = "needs the same steps from at least two ranks"
@@ -87,7 +87,6 @@ def analyse_rank(
     ranks_analysed: int = 1,
     small_bytes: int = small.DEFAULT_SMALL_BYTES,
 ) -> RankResult:
-    bound_heap()  # freed temporaries go back to the OS at once (model.bound_heap)
     info = capture.info
     resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, step_patterns, step_sources)
     steps = resolved.steps

@@ -77,7 +77,7 @@ from traceguard.metrics.steps import (
 )
 from traceguard.metrics.timeline import MAX_SEGMENTS, SegmentReducer, TimelineParts, assemble_timeline
 from traceguard.metrics.workloads import BubbleInputs, may_be_pipeline
-from traceguard.model import OP_KINDS, Capture, bound_heap
+from traceguard.model import OP_KINDS, Capture
 
 try:  # the C loops (traceguard/metrics/_breakdown.c); the NumPy versions below are the reference
     from traceguard.metrics import _breakdown as _native
@@ -376,7 +376,6 @@ def analyse_rank_sliced(
     first pass as read (a caller's own sums, e.g. the run's copy summary). Pass 2 reads the
     slices back from a temporary directory under ``spill_dir`` (default: the system's), about 40
     bytes an op, removed on return."""
-    bound_heap()
     strings = capture.strings
     resolved = _resolve_steps(capture, op_slices, step_patterns, step_sources)
     steps = resolved.steps
