@@ -536,7 +536,11 @@ def test_per_op_ranges_are_counted_in_each_rank_s_health(unpacked) -> None:
             "FROM NVTX_EVENTS WHERE eventType IN (59, 60) GROUP BY 1"
         ).fetchall()
     )
+    outside_default = conn.execute(
+        "SELECT count(*) FROM NVTX_EVENTS WHERE substr(text, 1, 6) = 'aten::' AND IFNULL(domainId, 0) != 0"
+    ).fetchone()[0]
     conn.close()
+    assert outside_default == 0
     assert not capture.ranges["name"].str.starts_with("aten::").any()
     pids = gpu_processes(capture)
     assert len(pids) == 2
@@ -544,3 +548,6 @@ def test_per_op_ranges_are_counted_in_each_rank_s_health(unpacked) -> None:
         health = analyse_rank(rank, with_rank(part, rank)).health
         assert health["folded_op_ranges"] == per_pid[pids[rank]] > 8000
         assert health["ranges"] == part.ranges.height + per_pid[pids[rank]]
+        # The folded ranges are default-domain ones, as every per-op range of this capture is.
+        default = part.ranges.filter(pl.col("domain").is_null()).height
+        assert health["default_domain_ranges"] == default + per_pid[pids[rank]]
