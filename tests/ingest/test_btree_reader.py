@@ -351,27 +351,36 @@ def _sql_skipped(reader: nsys_sqlite._Reader, table: str, rows: Rows) -> list[tu
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=[f"{p.parent.name}/{p.name}"[-60:] for p in CAPTURES])
-def test_folded_per_op_ranges_are_sqlite_s(path: Path, unpacked) -> None:
+def test_folded_per_op_ranges_are_sqlite_s(path: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranges the nsys reader keeps (those not starting ``aten::``) are SQLite's rows under
     :meth:`Rows.where`'s ``NOT (...)``, and the ones it folds are counted per thread as SQLite
-    counts them (nsys-ai's fixtures hold 95 % per-op ranges; the others, none)."""
+    counts them (nsys-ai's fixtures hold 95 % per-op ranges; the others, none), by the b-tree
+    reader and by ``bulk`` (which reads through SQLite where the b-tree reader gives way). A
+    capture without NVTX text folds nothing."""
     db = unpacked(path)
     reader = _reader(db)
     try:
         cols = reader.columns(nsys_sqlite.NVTX)
         if not {"start", "text", "eventType", "globalTid"} <= cols:
-            pytest.skip("no NVTX text")
+            assert reader.nvtx_rows()[1].height == 0
+            return
         spec = [("start", "start", "int"), ("global_tid", "globalTid", "int"), ("text", "text", "text")]
-        skip = Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid")
         for by in ("globalTid", None):
-            rows = Rows(column="eventType", values=(59, 60, 75), skip=Skip(skip.column, skip.prefix, by))
+            rows = Rows(column="eventType", values=(59, 60, 75), skip=Skip("text", nsys_sqlite.OP_RANGE_PREFIX, by))
+            expected = _sql_spec(reader, nsys_sqlite.NVTX, spec, rows)
+            counted = sorted(_sql_skipped(reader, nsys_sqlite.NVTX, rows), key=str)
+            assert not expected["text"].str.starts_with("aten::").any()
             skipped: list[tuple[int | None, int]] = []
             read = reader._table_read(nsys_sqlite.NVTX, spec, rows, skipped)
-            if read is None:
-                continue  # given way: SQLite reads and counts them (bulk)
-            assert read.equals(_sql_spec(reader, nsys_sqlite.NVTX, spec, rows))
-            assert not read["text"].str.starts_with("aten::").any()
-            assert sorted(skipped, key=str) == sorted(_sql_skipped(reader, nsys_sqlite.NVTX, rows), key=str)
+            if read is not None:
+                assert read.equals(expected)
+                assert sorted(skipped, key=str) == counted
+            for sqlite_only in ("", "1"):  # bulk as it reads, and with every read sent to SQLite
+                monkeypatch.setenv("TRACEGUARD_SQLITE_ONLY", sqlite_only)
+                through_bulk: list[tuple[int | None, int]] = []
+                bulk = reader.bulk(nsys_sqlite.NVTX, spec, rows, through_bulk)
+                assert bulk.select(expected.columns).equals(expected)
+                assert sorted(through_bulk, key=str) == counted
     finally:
         reader.close()
 
