@@ -428,3 +428,59 @@ def test_folding_counts_nulls_gives_way_where_it_cannot_tell(tmp_path: Path) -> 
         reader.close()
     with pytest.raises(ValueError, match="ASCII"):
         Skip("s", "it's")
+
+
+@pytest.fixture(scope="module")
+def per_op_capture() -> bytes:
+    """nsys-ai's public per-op capture (18,088 ``aten::`` ranges of 19,118), to damage."""
+    import gzip
+
+    return gzip.decompress(next(p for p in PUBLIC_NSYS if "mfu_2gpu_before" in p.name).read_bytes())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    hits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=30),
+    run=st.integers(1, 64),
+)
+def test_a_damaged_per_op_table_never_crashes_the_folding_nor_folds_what_sqlite_would_not(
+    per_op_capture: bytes, tmp_path_factory: pytest.TempPathFactory, hits: list[tuple[float, int]], run: int
+) -> None:
+    """Bytes overwritten anywhere from the NVTX table's root on: the folding read returns None or
+    rows and counts; when SQLite also reads the table, both are SQLite's."""
+    db = tmp_path_factory.mktemp("damaged") / "cap.sqlite"
+    data = bytearray(per_op_capture)
+    page = int.from_bytes(data[16:18], "big")
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(bytes(data))
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (nsys_sqlite.NVTX,)).fetchone()[0]
+    conn.close()
+    lo = (root - 1) * page
+    for where, value in hits:
+        at = lo + int(where * (len(data) - lo - run))
+        data[at : at + run] = bytes([value]) * run
+    db.write_bytes(bytes(data))
+    spec = [("start", "start", "int"), ("text", "text", "text")]
+    rows = Rows(column="eventType", values=(59, 60), skip=Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid"))
+    try:
+        reader = _reader(db)
+    except Exception:  # the damage reached what opening checks: nothing for the b-tree reader to read
+        return
+    skipped: list[tuple[int | None, int]] = []
+    try:
+        read = (
+            reader._table_read(nsys_sqlite.NVTX, spec, rows, skipped)
+            if reader._table_layout(nsys_sqlite.NVTX)
+            else None
+        )
+        if read is None:
+            return
+        try:
+            expected = _sql_spec(reader, nsys_sqlite.NVTX, spec, rows)
+            counted = _sql_skipped(reader, nsys_sqlite.NVTX, rows)
+        except Exception:  # SQLite calls it damaged (or reads text it would not): fails there anyway
+            return
+    finally:
+        reader.close()
+    assert read.equals(expected)
+    assert sorted(skipped, key=str) == sorted(counted, key=str)
