@@ -256,6 +256,7 @@ def _late_rank_row(result: RunResult) -> dict[str, Any] | None:
             "host": late["host"],
             "pid": late["pid"],
             "arrival_from": f"NCCL Inspector: {late['arrival_source']}",
+            **_held_up_fields(late),
         }
     if not late:
         return None
@@ -270,6 +271,21 @@ def _late_rank_row(result: RunResult) -> dict[str, Any] | None:
         "launched_in": ", ".join(p["phase"] for p in late["launched_in"]) or None,
         "late_rank_idle_host_ns_per_step": idle.get(late["rank"]),
         "other_ranks_idle_host_ns_per_step": statistics.median(others) if others else None,
+        **_held_up_fields(late),
+    }
+
+
+def _held_up_fields(late: dict[str, Any]) -> dict[str, Any]:
+    """How long the late rank held the others up, and the rank that held them up longest when that
+    is another one (metrics.waits: last most often is not always costliest)."""
+    other = late.get("longest_held_up_by")
+    return {
+        "held_up_ns": late.get("held_up_ns"),
+        "held_up_share": late.get("held_up_share"),
+        "longest_held_up_by_rank": other["rank"] if other else None,
+        "longest_held_up_by_last_arrivals": other["last_arrivals"] if other else None,
+        "longest_held_up_by_median_late_ns": other["median_late_ns"] if other else None,
+        "longest_held_up_by_held_up_share": other["held_up_share"] if other else None,
     }
 
 
@@ -307,6 +323,14 @@ def late_rank_sentence(result: RunResult) -> str | None:
     mine, others = row["late_rank_idle_host_ns_per_step"], row["other_ranks_idle_host_ns_per_step"]
     if mine is not None and others is not None:
         text += f"; its GPU waited for its host {format_ns(mine)} per step (the other ranks {format_ns(others)})"
+    if row["longest_held_up_by_rank"] is not None:
+        share, mine_share = row["longest_held_up_by_held_up_share"], row["held_up_share"]
+        median = format_ns(row["longest_held_up_by_median_late_ns"] or 0)
+        text += (
+            f"; but rank {row['longest_held_up_by_rank']} held the others up longest: last at "
+            f"{row['longest_held_up_by_last_arrivals']}, median {median} late, {share:.0%} of the waiting for "
+            f"last ranks (rank {row['late_rank']}: {mine_share:.0%})"
+        )
     return text
 
 
@@ -334,7 +358,13 @@ LATE_RANK_REMEDY = (
 
 def _late_remedy(result: RunResult) -> str:
     late = result.metrics.get("late_rank")
-    text = LATE_RANK_REMEDY.format(who=f"rank {late}" if late is not None else "the late rank")
+    row = _late_rank_row(result)
+    costliest = row["longest_held_up_by_rank"] if row else None
+    if costliest is not None:
+        who = f"rank {costliest} (the longest waits) and rank {late} (the most frequent)"
+    else:
+        who = f"rank {late}" if late is not None else "the late rank"
+    text = LATE_RANK_REMEDY.format(who=who)
     exposed = result.metrics.get("exposed_wait_share")
     if exposed is not None:
         text += (

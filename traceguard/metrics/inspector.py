@@ -33,7 +33,12 @@ bus bandwidth on transfer time of the matched instances (below).
    member with the greatest lateness, unless every member arrived within :data:`TOGETHER_NS` (or
    :data:`TOGETHER_SHARE` of the transfer time, whichever is more) of the first: the µs resolution
    and launch jitter make smaller differences noise, and such an instance has no last rank.
-   ``late_rank`` = the rank last to arrive most often (ties: the lowest rank).
+   ``late_rank`` = the rank last to arrive most often (ties: the lowest rank). *Held up* by an
+   instance's last rank = Σ of its members' waits (the execution time beyond the transfer); per
+   rank ``held_up_ns`` sums it over its last arrivals, and ``late.longest_held_up_by`` names the
+   rank that held the others up longest when it is not ``late_rank`` (``metrics.waits``). On the
+   4-GPU late-rank run a rank 0.2–0.4 ms late at 55 of 69 all-reduces is last most often, while
+   the slowed rank, 2–31 ms late at 12, held the others up 6× longer (bench/gpu/SWEEP.md).
 4. *Bandwidth on transfer time*: per instance, the plugin's bus bandwidth rescaled to the transfer
    time (busbw × exec ÷ transfer = the bus bandwidth of the member that did not wait).
 5. *Time windows* (the logs have no steps): instances grouped by :data:`WINDOW_S` windows of wall
@@ -56,6 +61,7 @@ from typing import Any
 import polars as pl
 
 from traceguard.ingest.nccl_inspector import InspectorData
+from traceguard.metrics.waits import longest_held_up_by
 
 #: Arrival differences up to this (ns) are noise: the plugin's µs resolution and launch jitter.
 TOGETHER_NS = 10_000
@@ -426,6 +432,16 @@ def _late(result: InspectorResult, matched: pl.DataFrame) -> None:
     m["late_rank"] = late
     row = next(r for r in result.per_rank if r["rank"] == late)
     with_last = int(matched["has_last"].sum())
+    held = dict(
+        matched.filter(pl.col("has_last"))
+        .group_by("last_rank")
+        .agg((pl.col("exec_sum_ns") - pl.col("n_ranks") * pl.col("transfer_ns")).sum())
+        .iter_rows()
+    )
+    total = sum(held.values())
+    for rank_row in result.per_rank:
+        rank_row["last_arrivals"]["held_up_ns"] = int(held.get(rank_row["rank"], 0))
+        rank_row["last_arrivals"]["held_up_share"] = held.get(rank_row["rank"], 0) / total if total else None
     result.late = {
         "rank": late,
         "host": row["host"],
@@ -437,6 +453,9 @@ def _late(result: InspectorResult, matched: pl.DataFrame) -> None:
         "p95_late_ns": row["last_arrivals"]["p95_late_ns"],
         "arrival_source": result.arrival_source,
         "instances_together": m["collective_instances_matched"] - with_last,
+        "held_up_ns": row["last_arrivals"]["held_up_ns"],
+        "held_up_share": row["last_arrivals"]["held_up_share"],
+        "longest_held_up_by": longest_held_up_by(late, {r["rank"]: r["last_arrivals"] for r in result.per_rank}),
     }
 
 

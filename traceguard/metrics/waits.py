@@ -32,6 +32,12 @@ its clock base, never its events.
    how late = its arrival − the earliest member's (the longest wait it imposed). ``late_rank`` is
    the rank last most often. *Lateness* of a rank in an instance = its arrival − the earliest
    arrival; per step, the median over the step's instances (the rank × step lateness chart).
+   *Held up* by the last rank of an instance = Σ over the members of (last arrival − their
+   arrival): the member-time spent waiting for it. Per rank, ``held_up_ns`` sums it over its last
+   arrivals; ``held_up_share`` divides by the run's total. The rank last most often is not always
+   the costliest: a rank a few hundred µs late in most calls is "last" more often than one 30 ms
+   late in a few (the 4-GPU late-rank run, bench/gpu/SWEEP.md); when another rank held the others
+   up longest, ``late.longest_held_up_by`` names it (:func:`longest_held_up_by`).
 """
 
 from __future__ import annotations
@@ -427,6 +433,14 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
     aligned = aligned.with_columns((pl.col("at_start") - pl.col("first_arrival")).alias("lateness_ns"))
     lasts = aligned.filter(pl.col("rank") == pl.col("last_rank"))
     instances = lasts.height
+    held_up = dict(
+        aligned.group_by("instance")
+        .agg(pl.col("last_rank").first(), (pl.col("last_arrival") - pl.col("at_start")).sum().alias("held"))
+        .group_by("last_rank")
+        .agg(pl.col("held").sum())
+        .iter_rows()
+    )
+    held_total = sum(held_up.values())
     # Per rank in one pass each (a loop of filters would read every rank's calls once per rank).
     held = dict(aligned.group_by("rank").len().iter_rows())
     stats = {
@@ -446,6 +460,8 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
             "of": int(held.get(rank, 0)),
             "median_late_ns": None if median is None else float(median),
             "p95_late_ns": None if p95 is None else float(p95),
+            "held_up_ns": int(held_up.get(rank, 0)),
+            "held_up_share": held_up.get(rank, 0) / held_total if held_total else None,
         }
         result.per_rank[rank]["collective_instances_matched"] = int(held.get(rank, 0))
     steps = aligned.filter(pl.col("step").is_not_null()).group_by(["rank", "step"]).agg(pl.col("lateness_ns").median())
@@ -470,6 +486,9 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
         "p95_late_ns": result.per_rank[late_rank]["last_arrivals"]["p95_late_ns"],
         "steps_late": sorted({int(s) for s in own["step"].drop_nulls().to_list()}),
         "launched_in": [{"phase": p, "calls": int(n)} for p, n in phases.iter_rows()][:3],
+        "held_up_ns": result.per_rank[late_rank]["last_arrivals"]["held_up_ns"],
+        "held_up_share": result.per_rank[late_rank]["last_arrivals"]["held_up_share"],
+        "longest_held_up_by": longest_held_up_by(late_rank, {r: result.per_rank[r]["last_arrivals"] for r in ranks}),
     }
     # Per step: the latest rank's median lateness (what the straggler rule judges besides spans).
     per_step: dict[int, tuple[int, float]] = {}
@@ -479,6 +498,28 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
             if step not in per_step or late > per_step[step][1]:
                 per_step[step] = (rank, late)
     result.arrival_steps = [{"index": s, "latest_rank": r, "lateness_ns": v} for s, (r, v) in sorted(per_step.items())]
+
+
+def longest_held_up_by(late_rank: int, last_arrivals: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The rank whose last arrivals held the others up longest, when it is not ``late_rank`` (the
+    rank last most often); None when they are the same rank or nothing was held up. Ties: the
+    lowest rank. Its ``last_arrivals`` figures are given with its rank."""
+    held = {r: row.get("held_up_ns") or 0 for r, row in last_arrivals.items() if row}
+    top = max(held.values(), default=0)
+    if top <= 0:
+        return None
+    rank = min(r for r, n in held.items() if n == top)
+    if rank == late_rank or held.get(late_rank, 0) == top:
+        return None
+    row = last_arrivals[rank]
+    return {
+        "rank": rank,
+        "last_arrivals": row["count"],
+        "median_late_ns": row["median_late_ns"],
+        "p95_late_ns": row["p95_late_ns"],
+        "held_up_ns": row["held_up_ns"],
+        "held_up_share": row["held_up_share"],
+    }
 
 
 def _split(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> None:

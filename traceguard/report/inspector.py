@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from traceguard.report.tables import table
-from traceguard.report.units import bytes_h, ms, pct, value_h
+from traceguard.report.units import bytes_h, held_up_clause, ms, pct, value_h
 
 #: Time-window rows the Markdown shows (all are in the JSON).
 MAX_WINDOW_ROWS = 30
@@ -75,7 +75,8 @@ def inspector_section(doc: dict[str, Any]) -> list[str]:
             lines.append(
                 f"Late rank: **{late['rank']}** ({late['host']} pid {late['pid']}), last to arrive at "
                 f"{late['last_arrivals']} of {late['of']} instances with a last rank, "
-                f"median {ms(late['median_late_ns'])} late ({late['instances_together']} instances arrived together)."
+                f"median {ms(late['median_late_ns'])} late ({late['instances_together']} instances arrived together)"
+                f"{held_up_clause(late)}."
             )
         else:
             lines.append(f"No late rank: {m['null_reasons'].get('late_rank', 'none')}.")

@@ -9,7 +9,7 @@ from traceguard.report.links import markdown_section as links_section
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.tables import table
-from traceguard.report.units import bytes_h, ms, pct, value_h
+from traceguard.report.units import bytes_h, held_up_clause, ms, pct, value_h
 from traceguard.report.workloads import workload_section
 
 _ICON = {"pass": "✅ pass", "warn": "⚠️ warn", "fail": "❌ fail", "skip": "⏭️ skip"}
@@ -154,6 +154,7 @@ def _late_and_split(doc: dict[str, Any]) -> list[str]:
             f"(p95 {ms(late['p95_late_ns'])})"
             + (f", launched in {phases}" if phases else "")
             + (f"; late in steps {', '.join(map(str, late['steps_late']))}" if late["steps_late"] else "")
+            + held_up_clause(late)
             + "."
         )
     else:

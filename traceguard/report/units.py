@@ -44,3 +44,17 @@ def value_h(key: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def held_up_clause(late: dict[str, Any]) -> str:
+    """ "; but rank 1 held the others up longest: last at 12, median 30.2 ms late, 94 % of the
+    waiting for last ranks (rank 2: 5 %)" — when the rank last most often is not the costliest
+    (metrics.waits, ``late.longest_held_up_by``); "" otherwise."""
+    other = late.get("longest_held_up_by")
+    if not other:
+        return ""
+    return (
+        f"; but rank {other['rank']} held the others up longest: last at {other['last_arrivals']}, median "
+        f"{ms(other['median_late_ns'])} late, {pct(other['held_up_share'])} of the waiting for last ranks "
+        f"(rank {late['rank']}: {pct(late.get('held_up_share'))})"
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from traceguard.report.units import ms, pct
+from traceguard.report.units import held_up_clause, ms, pct
 
 #: Colours of the step breakdown and the wait / transfer lane (the timeline's compute, exposed and
 #: memcpy colours where the meaning is the same).
@@ -217,6 +217,7 @@ def _late_and_split(doc: dict[str, Any]) -> list[str]:
             f"{_e(ms(late['p95_late_ns']))})"
             + (f", launched in {phases}" if phases else "")
             + (f"; late in steps {_e(steps)}" if steps else "")
+            + _e(held_up_clause(late))
             + ".</p>"
         )
     else:
