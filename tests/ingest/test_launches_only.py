@@ -102,10 +102,13 @@ def _renamed(db: Path, tmp_path: Path, renames: dict[str, str]) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("reread_ids", [nsys_sqlite.REREAD_IDS, 0])
-def test_op_launched_outside_the_pattern(reread_ids: int, unpacked, tmp_path: Path, monkeypatch) -> None:
-    """513 memsets launched by a renamed call: re-read by id, or (limit 0) everything re-read."""
-    monkeypatch.setattr(nsys_sqlite, "REREAD_IDS", reread_ids)
+@pytest.mark.parametrize("walk", [True, False])
+def test_op_launched_outside_the_pattern(walk: bool, unpacked, tmp_path: Path, monkeypatch) -> None:
+    """513 memsets launched by a renamed call: re-read by id, by the b-tree walk or (no walk, the
+    IN lists few) by SQLite's rowid-chunk pass matched in memory."""
+    if not walk:
+        monkeypatch.setattr(nsys_sqlite._Reader, "api_table_walked", lambda self, table, rows: None)
+        monkeypatch.setattr(nsys_sqlite, "IN_LISTS", 0)
     db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
     copy = _renamed(db, tmp_path, {"cudaMemsetAsync_v3020": "someUnlistedCall_v1"})
     fast = _same_as_full(copy)

@@ -158,9 +158,6 @@ LAUNCHES_WORKER_SHARE = 0.83
 #: launches-only read keeps just these rows; an op launched by any other call is still found (see
 #: :meth:`_Reader.attach_launches`).
 LAUNCH_API = re.compile(r"^cu(?:da)?(?:Launch|GraphLaunch|Memcpy|Memset)")
-#: Up to this many correlation ids of ops with no launch among the launch rows are re-read by
-#: id; more, and the API tables are read whole.
-REREAD_IDS = 20_000
 #: Correlation ids per SQL ``IN`` list: SQLite's lowered program size limit
 #: (``SQLITE_LIMIT_VDBE_OP``, :mod:`.sqlite_safe`) refuses a list of 10,000 ("out of memory").
 IN_LIST_IDS = 4096
@@ -1059,7 +1056,10 @@ class _Reader:
         An op whose (pid, correlation id) no launch row has was launched by a call outside
         :data:`LAUNCH_API`: the API rows with those correlation ids are read again, unfiltered,
         and joined to exactly those ops (their keys cannot match a launch row, so the first such
-        call is the first in the full tables too). Many such ids: everything is read and joined.
+        call is the first in the full tables too). However many such ids there are, only their
+        rows are held (:meth:`with_ids`): a capture whose first ops were launched before the
+        capture began has ids with no API row at all, and scaled to 10 M kernels (the per-op NVTX
+        shape, bench/README.md) reading and joining every API row for them held 4.2 GB.
         """
         rows = model.launch_rows(gpu_ops, launches)
         columns = model.gather_launches(launches, rows)
@@ -1067,9 +1067,6 @@ class _Reader:
         missing = (rows.is_null() & keyed).arg_true()
         if missing.len() == 0:
             return model.add_columns(gpu_ops, columns)
-        wanted = gpu_ops["correlation_id"].gather(missing).unique()
-        if wanted.len() > REREAD_IDS:
-            return model.join_launches(gpu_ops, self.api_calls())
         found = self.reread_launches(gpu_ops[missing])
         return model.add_columns(
             gpu_ops, (col.scatter(missing, extra) for col, extra in zip(columns, found, strict=True))
