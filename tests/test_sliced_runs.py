@@ -43,7 +43,9 @@ def test_sliced_run_gives_the_whole_in_memory_report(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = SlicedNsys.op_slices
-    monkeypatch.setattr(SlicedNsys, "op_slices", lambda self, max_rows=0: real(self, 997))  # many slices a file
+    monkeypatch.setattr(
+        SlicedNsys, "op_slices", lambda self, max_rows=0, launches=True: real(self, 997, launches=launches)
+    )  # many slices a file
     expected = _whole_in_memory(cases[case])
     got = pipeline.analyze(cases[case], scheduler="serial", sliced_above=0).report
     assert _same(got) == _same(expected)
@@ -222,3 +224,27 @@ def test_an_export_read_whole_after_the_sliced_look_reads_its_nvtx_table_once(
     assert sliced_ranks == []  # looked at sliced, read whole
     assert reads.count(nsys_sqlite.NVTX) == 1
     assert _same(default) == _same(whole)
+
+
+def test_two_ranks_in_one_export_read_their_kernel_sequences_once(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nsys-ai's 2-rank export has no step markers: each rank's steps come from its kernel
+    sequence. Sliced, the file is read once without launches for both ranks' sequences (then
+    once per rank's first pass, with them), not once more per rank; the report is the whole
+    read's."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    assert [r["step_source"] for r in whole["ranks"]] == ["inferred", "inferred"]
+    real = SlicedNsys.op_slices
+    reads: list[bool] = []
+
+    def counted(self: SlicedNsys, max_rows: int = 0, launches: bool = True) -> Any:
+        reads.append(launches)
+        return real(self, 997, launches=launches)  # many slices
+
+    monkeypatch.setattr(SlicedNsys, "op_slices", counted)
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert sorted(sliced_ranks) == [0, 1]
+    assert reads.count(False) == 1 and reads.count(True) == 2
+    assert _same(sliced) == _same(whole)

@@ -371,7 +371,8 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     spec, record, options = task.spec, outcome.record, task.options
     with open_sliced(path, shown=str(spec.path)) as source:
         small = with_rank_hint(source.small_capture())
-        if _may_read_whole(options, path) and _needs_kernel_sequence(task, small):
+        needs_sequence = _needs_kernel_sequence(task, small)
+        if needs_sequence and _may_read_whole(options, path):
             return _ReadWhole(source.nvtx_rows())
         if report:
             small.info.format = "nsys-rep"
@@ -384,6 +385,8 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
         started: list[Any] | None = [first, windows] if first is not None else None
         del first
+        # Every process's kernel sequence in one read without launches, not one read per rank.
+        sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1) if needs_sequence else None
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
@@ -392,11 +395,27 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
                 return outcome  # planned under other ranks than the file holds: the reducer plans it again
             census: dict[int, int | None] = {}
-            for index, (rank, part) in enumerate(rank_parts(small, pids, assignment)):
-                pid = pids[index] if len(pids) > 1 else None
+            parts = list(rank_parts(small, pids, assignment))
+            owners = [pids[index] if len(pids) > 1 else None for index in range(len(parts))]
+            # Each rank's steps from the one sequence read, which is then let go (a second
+            # attempt under other processes lets each rank read its own again).
+            resolved = [
+                _sequence_steps(task, rank, part, pid, sequences) if sequences is not None else None
+                for (rank, part), pid in zip(parts, owners, strict=True)
+            ]
+            sequences = None
+            for index, (rank, part) in enumerate(parts):
+                pid = owners[index]
                 slices = _RankSlices(source, options.slice_rows, pid, rank, census if index == 0 else None)
                 slices.started, started = started, None
-                result = analyse_rank_sliced(rank, part, slices, on_slice=slices.add_copies, **_rank_options(task))
+                result = analyse_rank_sliced(
+                    rank,
+                    part,
+                    slices,
+                    on_slice=slices.add_copies,
+                    resolved_steps=resolved[index],
+                    **_rank_options(task),
+                )
                 if index == 0:
                     seen = pl.DataFrame(
                         {"pid": list(census), "device": list(census.values())},
@@ -412,6 +431,44 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
                 outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
                 return outcome
         raise AssertionError("the GPU processes changed twice")  # pragma: no cover - the census is exact
+
+
+def _kernel_sequences(source: Any, rows: int, by_pid: bool) -> dict[int | None, list[pl.DataFrame]]:
+    """The ops as step inference reads them (the columns of
+    :func:`traceguard.metrics.sliced.kernel_sequence`), from one read of the file without the
+    ops' launches, per process when ``by_pid`` (else all under None): each rank's sequence is
+    cut from these (:func:`_sequence_steps`) instead of each rank reading the file once more
+    with its launches."""
+    from traceguard.metrics.sliced import kernel_sequence
+
+    parts: dict[int | None, list[pl.DataFrame]] = {}
+    for raw in source.op_slices(rows, launches=False):
+        narrow = kernel_sequence([raw])
+        if not by_pid:
+            parts.setdefault(None, []).append(narrow)
+            continue
+        for (pid,), frame in narrow.partition_by("pid", as_dict=True).items():
+            parts.setdefault(pid, []).append(frame)
+    return parts
+
+
+def _sequence_steps(
+    task: MapTask, rank: int, part: Any, pid: int | None, sequences: dict[int | None, list[pl.DataFrame]]
+) -> Any | None:
+    """The rank's steps from its process's kernel sequence (every op when the file is one rank:
+    ``pid`` None), as :func:`traceguard.metrics.sliced.analyse_rank_sliced` would find them
+    from its own slices, its pieces let go; None when its ranges settle them (it finds those
+    itself)."""
+    from traceguard.metrics.sliced import kernel_sequence, steps_from_ranges, steps_from_sequence
+
+    options = _rank_options(task)
+    patterns, sources = options["step_patterns"], options["step_sources"]
+    mine = sequences.pop(pid, [])
+    if steps_from_ranges(part, patterns, sources) is not None:
+        return None
+    sequence = kernel_sequence(mine).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    del mine
+    return steps_from_sequence(part, sequence, patterns, sources)
 
 
 def _needs_kernel_sequence(task: MapTask, small: Any) -> bool:

@@ -95,6 +95,63 @@ def test_slices_match_whole_read(gz: Path, unpacked) -> None:
                 assert_frame_equal(first.ops, second)
 
 
+def _count_rereads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    rereads: list[int] = []
+    reread = nsys_sqlite._Reader.reread_launches
+
+    def counted(self: nsys_sqlite._Reader, ops: pl.DataFrame, launch_ids: list[int] | None = None) -> list[pl.Series]:
+        rereads.append(ops.height)
+        return reread(self, ops, launch_ids)
+
+    monkeypatch.setattr(nsys_sqlite._Reader, "reread_launches", counted)
+    return rereads
+
+
+@pytest.mark.parametrize("limit", [nsys_slices.OTHER_KEYS_LIMIT, 0])
+def test_ops_without_any_api_row_are_not_reread(limit: int, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nsys-ai's 2-rank capture has 31 ops whose (process, correlation id) no API row has
+    (launched before the capture began; plain SQL below). With the keys of the
+    non-launch API rows at hand they are known to have none and no slice re-reads the API tables
+    for them; without (limit 0: too many keys to hold) each block re-reads. The ops are the
+    whole read's either way."""
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    with sqlite3.connect(db) as conn:
+        orphans = sum(
+            conn.execute(
+                f"SELECT count(*) FROM {table} o WHERE NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                "WHERE r.correlationId = o.correlationId AND r.globalTid >> 24 = o.globalPid >> 24)"
+            ).fetchone()[0]
+            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+        )
+    assert orphans == 31
+    whole = _whole(db).gpu_ops
+    assert whole["launch_start"].null_count() == orphans
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    monkeypatch.setattr(nsys_slices, "OTHER_KEYS_LIMIT", limit)
+    rereads = _count_rereads(monkeypatch)
+    with open_sliced(db) as sliced:
+        _check_slices(list(sliced.op_windows(500)), whole, 500)
+    assert (rereads == []) if limit else sum(rereads) >= orphans
+
+
+def test_ops_launched_by_an_unlisted_call_are_still_reread(unpacked, tmp_path: Path, monkeypatch) -> None:
+    """Memsets launched by a call outside LAUNCH_API: their keys are among the non-launch API
+    rows', so the slices re-read them, and join them as the whole read does."""
+    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    copy = tmp_path / "renamed.sqlite"
+    shutil.copyfile(db, copy)
+    with sqlite3.connect(copy) as conn:
+        conn.execute("UPDATE StringIds SET value = 'someUnlistedCall_v1' WHERE value = 'cudaMemsetAsync_v3020'")
+    whole = _whole(copy).gpu_ops
+    memsets = whole.filter(pl.col("kind") == "memset")
+    assert memsets.height == 513 and memsets["launch_start"].null_count() == 0
+    monkeypatch.setattr(nsys_slices, "MIN_BLOCK_ROWS", 1)
+    rereads = _count_rereads(monkeypatch)
+    with open_sliced(copy) as sliced:
+        _check_slices(list(sliced.op_windows(1000)), whole, 1000)
+    assert sum(rereads) == 513
+
+
 @pytest.mark.parametrize("gz", CAPTURES, ids=[_ident(p) for p in CAPTURES])
 def test_small_blocks_match_whole_read(gz: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of ``max_rows`` ops: each block found by binary search, launches joined from the

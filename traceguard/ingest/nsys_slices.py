@@ -30,10 +30,9 @@ tables, or runs), a launch row with the key of a join already made and ahead of 
 key whose earlier row starts after the op: never seen in nsys exports, where correlation ids
 are unique per process) would have changed that join: it raises :class:`InputError`.
 
-Two differences from the whole read remain, both only for a (pid, correlation id) shared by
-several CUDA calls: with more than ``REREAD_IDS`` ops missing a launch row the whole read joins
-every op to the first API call of any name (the slices keep the launch-first rule); and its
-second process, reading the larger API table's first part, puts that part first.
+One difference from the whole read remains, only for a (pid, correlation id) shared by several
+CUDA calls: the whole read's second process, reading the larger API table's first part, puts that
+part first.
 """
 
 from __future__ import annotations
@@ -77,6 +76,11 @@ LAUNCH_LAG_NS = 30_000_000_000
 #: The launch cache holds at most this many rows per block row (the oldest go first); with
 #: :data:`LAUNCH_LAG_NS` this bounds it in time and in memory.
 LAUNCH_CACHE_FACTOR = 2
+#: At most this many keys of API rows outside :data:`~.nsys_sqlite.LAUNCH_API` are held (64 MB):
+#: with more, every slice's ops that no launch row matches are re-read by id as before.
+OTHER_KEYS_LIMIT = 8_000_000
+#: Rows per read of the pass that collects those keys.
+OTHER_KEYS_CHUNK = 1 << 20
 #: Rows per query of the one pass that splits an API table into runs in start order.
 RUN_SCAN_ROWS = 1 << 20
 #: Rowid ranges per query when reading launch rows (an OR of ranges; SQLite's expression depth
@@ -178,6 +182,8 @@ class SlicedNsys:
         self._graphs: pl.DataFrame | None = None  # conformed graph executions, once read
         #: API table → its runs (lo, end, first start, last start), once a table was found out of order.
         self._runs: dict[str, list[tuple[int, int, int, int]]] = {}
+        #: :meth:`_other_keys`, once asked for: [keys or None].
+        self._other: list[np.ndarray | None] | None = None
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -255,27 +261,31 @@ class SlicedNsys:
 
     # -- the ops, in slices --------------------------------------------------------------------
 
-    def op_slices(self, max_rows: int = 2_000_000) -> Iterator[pl.DataFrame]:
+    def op_slices(self, max_rows: int = 2_000_000, *, launches: bool = True) -> Iterator[pl.DataFrame]:
         """The whole read's ``gpu_ops`` in time slices (see :meth:`op_windows`)."""
-        for piece in self.op_windows(max_rows):
+        for piece in self.op_windows(max_rows, launches=launches):
             yield piece.ops
 
-    def op_windows(self, max_rows: int = 2_000_000) -> Iterator[OpSlice]:
+    def op_windows(self, max_rows: int = 2_000_000, *, launches: bool = True) -> Iterator[OpSlice]:
         """Every GPU op once, in consecutive time slices [lo, hi) of at most about ``max_rows``
         ops (more only when more ops share one start), in start order; within a slice in the
         whole read's order (kernels, memcpys, memsets, graph executions, each in rowid order).
-        Columns, types and launch columns as the whole read's ``gpu_ops``. Each call reads the
-        file again; memory follows ``max(max_rows, MIN_BLOCK_ROWS)``, not the file."""
+        Columns, types and launch columns as the whole read's ``gpu_ops``; with ``launches``
+        false the launch columns are null and no API row is read (for what needs only the ops,
+        such as the kernel sequence that step inference reads). Each call reads the file again;
+        memory follows ``max(max_rows, MIN_BLOCK_ROWS)``, not the file."""
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         with read_errors(self.shown):
-            yield from self._windows(max_rows)
+            yield from self._windows(max_rows, launches)
 
-    def _windows(self, max_rows: int) -> Iterator[OpSlice]:
+    def _windows(self, max_rows: int, with_launches: bool = True) -> Iterator[OpSlice]:
         block_rows = max(max_rows, MIN_BLOCK_ROWS)
         graphs = self._graph_ops()
         tables = self._gpu_tables()
-        launches = _Launches(self._reader, self._api_tables(), self._launch_ids, block_rows, self._split)
+        launches = _Launches(
+            self._reader, self._api_tables(), self._launch_ids, block_rows, self._split, self._other_keys
+        )
         graph_starts = np.sort(graphs["start"].to_numpy()) if graphs.height else np.empty(0, dtype=np.int64)
         firsts = [s for t in tables if (s := self._start_at(t, t.cursor)) is not None]
         if graph_starts.size:
@@ -297,14 +307,18 @@ class SlicedNsys:
                 ranges = {
                     t.name: (t.cursor, t.end if last else self._lower_bound(t, hi, t.cursor, t.end)) for t in tables
                 }
-                plans = launches.plan(hi)
-                pending = pool.submit(launches.fetch, plans) if pool is not None else None
-                ops = self._read_block(tables, ranges, graphs, lo, hi)
-                launches.merge(pending.result() if pending is not None else launches.fetch(plans), hi)
-                ops = launches.attach(ops, hi)
+                if with_launches:
+                    plans = launches.plan(hi)
+                    pending = pool.submit(launches.fetch, plans) if pool is not None else None
+                    ops = self._read_block(tables, ranges, graphs, lo, hi)
+                    launches.merge(pending.result() if pending is not None else launches.fetch(plans), hi)
+                    ops = launches.attach(ops, hi)
+                else:
+                    ops = self._read_block(tables, ranges, graphs, lo, hi)
+                    ops = ops.with_columns(pl.lit(None, dtype=d).alias(c) for c, d in model.LAUNCH_SCHEMA.items())
                 if not self._reader.keep_correlation:
                     ops = ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
-                if last:
+                if last and with_launches:
                     launches.drain()  # before the last slice goes out: a conflict raises first
                 if max_rows >= block_rows:
                     yield OpSlice(lo, hi, ops)
@@ -373,6 +387,48 @@ class SlicedNsys:
             else:
                 out.append(_ApiTable(name, rowid, [_Run(first, last + 1, None, None, first)], split=False))
         return out
+
+    def _other_keys(self) -> dict[int, np.ndarray] | None:
+        """Per process, the sorted correlation ids of every API row whose name is not a launch
+        (:data:`~.nsys_sqlite.LAUNCH_API`), read once per file on first need (one pass over the
+        API tables in :data:`OTHER_KEYS_CHUNK`-row reads) and shared by every rank and pass; None
+        with more than :data:`OTHER_KEYS_LIMIT` of them. An op no launch row matches can only be
+        matched by such a row: an op whose key is not here has no API row at all (launched
+        before the capture began), and re-reading the API tables for it is a whole pass that
+        finds nothing: one per slice, per rank (the per-op NVTX shape at 10 M kernels spent
+        about half its sliced time there)."""
+        if self._other is not None:
+            return self._other[0]
+        parts: dict[int, list[np.ndarray]] = {}
+        held = 0
+        launch = pl.Series(self._launch_ids, dtype=pl.Int64).implode()
+        for table in self._api_tables():
+            columns = self._reader.columns(table.name)
+            if "nameId" not in columns:
+                continue  # a table without names holds launches only (as api_table reads it)
+            if "correlationId" not in columns or "globalTid" not in columns:
+                continue  # its rows have no (pid, correlation id): no op can match them
+            lo = min(run.lo for run in table.runs)
+            end = max(run.end for run in table.runs)
+            for first in range(lo, end, OTHER_KEYS_CHUNK):
+                rows = Rows(ranges=((first, min(first + OTHER_KEYS_CHUNK, end)),), rowid=table.rowid)
+                frame = self._reader.api_table(table.name, rows)
+                others = frame.filter(
+                    ~pl.col("name_id").cast(pl.Int64).is_in(launch).fill_null(False)
+                    & pl.col("pid").is_not_null()
+                    & pl.col("correlation_id").is_not_null()
+                )
+                held += others.height
+                if held > OTHER_KEYS_LIMIT:
+                    self._other = [None]
+                    return None
+                for (pid,), group in others.partition_by("pid", as_dict=True).items():
+                    parts.setdefault(int(pid), []).append(group["correlation_id"].cast(pl.Int64).to_numpy())
+        # Sorted, duplicates kept (a membership test needs no more); a process's ids come nearly
+        # in order in table order, which the stable (run-adaptive) sort takes in one pass.
+        keys = {pid: np.sort(np.concatenate(arrays), kind="stable") for pid, arrays in parts.items()}
+        self._other = [keys]
+        return keys
 
     def _split(self, table: _ApiTable) -> None:
         """Split ``table`` into runs (one pass), remembered for later iterations; the rows before
@@ -483,8 +539,10 @@ class _Launches:
         launch_ids: list[int],
         block_rows: int,
         split: Callable[[_ApiTable], None],
+        other_keys: Callable[[], np.ndarray | None] | None = None,
     ) -> None:
         self.reader = reader
+        self.other_keys = other_keys
         self.tables = tables
         self.launch_ids = launch_ids
         self.split = split
@@ -508,11 +566,19 @@ class _Launches:
         """``ops`` (all starting before ``hi``) plus the :data:`model.LAUNCH_SCHEMA` columns the
         whole read gives them; every launch row starting before ``hi`` must have been read
         (:meth:`read_until`)."""
-        calls = pl.concat(self.cache, how="vertical", rechunk=False)
-        rows = model.launch_rows(ops, calls)
-        columns = model.gather_launches(calls, rows)
+        rows, columns = self.join(ops)
         keyed = ops["pid"].is_not_null() & ops["correlation_id"].is_not_null()
-        unsure = (rows.is_null() | self.doubtful(ops)) & keyed
+        doubtful = self.doubtful(ops)
+        unsure = (rows.is_null() | doubtful) & keyed
+        if unsure.any() and self.other_keys is not None and (others := self.other_keys()) is not None:
+            # Once every table's runs are known, every launch row starting before ``hi`` is in
+            # the cache or was dropped (``doubtful``); an op neither joined nor doubtful can then
+            # only match a non-launch row, and when none has its key there is nothing to re-read.
+            if not all(table.split for table in self.tables):
+                self.split_all(hi)
+                rows, columns = self.join(ops)
+                unsure = (rows.is_null() | doubtful) & keyed
+            unsure &= doubtful | _key_in(ops, others)
         if unsure.any():
             missing = unsure.arg_true()
             found = self.reader.reread_launches(ops[missing], self.launch_ids)
@@ -522,6 +588,21 @@ class _Launches:
             self.mark_used(rows)
         self.evict(hi)
         return model.add_columns(ops, columns)
+
+    def join(self, ops: pl.DataFrame) -> tuple[pl.Series, list[pl.Series]]:
+        """Each op's row among the cached launch rows (null: none) and its launch columns."""
+        calls = pl.concat(self.cache, how="vertical", rechunk=False)
+        rows = model.launch_rows(ops, calls)
+        return rows, model.gather_launches(calls, rows)
+
+    def split_all(self, hi: int) -> None:
+        """Split every table still taken as one run into its runs (one pass each, remembered for
+        later iterations) and read each run up to ``hi``, as :meth:`merge` does for a table
+        found out of order: afterwards every launch row starting before ``hi`` has been read."""
+        for index, table in enumerate(self.tables):
+            if not table.split:
+                self.split(table)
+                self.merge(self.fetch(self.plan(hi, only=index)), hi)
 
     def doubtful(self, ops: pl.DataFrame) -> pl.Series:
         """Ops whose key a dropped launch row may have had (its correlation id at most the
@@ -767,3 +848,19 @@ def _not_in_order(shown: str, table: str, what: str) -> InputError:
         hint="analyse it whole: give --sliced-above (or TRACEGUARD_SLICED_ABOVE) a size above the file's, "
         "on a machine with memory for it",
     )
+
+
+def _key_in(ops: pl.DataFrame, keys: dict[int, np.ndarray]) -> pl.Series:
+    """Whether each op's correlation id is among ``keys[its pid]`` (sorted ids; False where
+    either is null or the pid has none)."""
+    found = np.zeros(ops.height, dtype=bool)
+    pids = ops["pid"].to_numpy()
+    ids = ops["correlation_id"].to_numpy()
+    for pid, known in keys.items():
+        mine = np.flatnonzero(pids == pid)
+        if mine.size == 0 or known.size == 0:
+            continue
+        wanted = ids[mine]
+        at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
+        found[mine] = known[at] == wanted
+    return pl.Series(found)

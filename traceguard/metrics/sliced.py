@@ -77,7 +77,7 @@ from traceguard.metrics.steps import (
 )
 from traceguard.metrics.timeline import MAX_SEGMENTS, SegmentReducer, TimelineParts, assemble_timeline
 from traceguard.metrics.workloads import BubbleInputs, may_be_pipeline
-from traceguard.model import OP_KINDS, Capture
+from traceguard.model import GPU_OPS_SCHEMA, OP_KINDS, Capture
 
 try:  # the C loops (traceguard/metrics/_breakdown.c); the NumPy versions below are the reference
     from traceguard.metrics import _breakdown as _native
@@ -369,15 +369,22 @@ def analyse_rank_sliced(
     on_slice: Callable[[pl.DataFrame], None] | None = None,
     max_segments: int = MAX_SEGMENTS,
     spill_dir: str | None = None,
+    resolved_steps: Any | None = None,
 ) -> RankResult:
     """:func:`traceguard.metrics.rank.analyse_rank` of ``capture`` (its small frames: ranges,
     strings, devices, info; its ``gpu_ops`` unused) with the GPU ops from ``op_slices``
     (module docstring), ``rank`` already set on them. ``on_slice`` sees every slice of the
     first pass as read (a caller's own sums, e.g. the run's copy summary). Pass 2 reads the
     slices back from a temporary directory under ``spill_dir`` (default: the system's), about 40
-    bytes an op, removed on return."""
+    bytes an op, removed on return. ``resolved_steps``: the rank's steps found already
+    (:func:`steps_from_sequence`: a file of several processes reads their kernel sequences once
+    for all of them), else found here."""
     strings = capture.strings
-    resolved = _resolve_steps(capture, op_slices, step_patterns, step_sources)
+    resolved = (
+        resolved_steps
+        if resolved_steps is not None
+        else _resolve_steps(capture, op_slices, step_patterns, step_sources)
+    )
     steps = resolved.steps
     gpu_timed = resolved.gpu_timed
     phases = find_phases(capture.ranges, steps) if not gpu_timed else find_phases(capture.ranges, steps[:0])
@@ -621,9 +628,21 @@ def _resolve_steps(capture: Capture, op_slices: OpSlices, patterns: Sequence[str
     resolved = steps_from_ranges(capture, patterns, sources)
     if resolved is not None:
         return resolved
-    no_ops = capture.gpu_ops.clear()
-    parts = [part.select(_SEQUENCE_COLUMNS) for part in op_slices()]
-    sequence = pl.concat(parts) if parts else no_ops.select(_SEQUENCE_COLUMNS)
+    return steps_from_sequence(capture, kernel_sequence(op_slices()), patterns, sources)
+
+
+def kernel_sequence(slices: Iterable[pl.DataFrame]) -> pl.DataFrame:
+    """The columns of the ops that step inference reads (:data:`_SEQUENCE_COLUMNS`), of every
+    slice (about 33 bytes an op)."""
+    parts = [part.select(_SEQUENCE_COLUMNS) for part in slices]
+    return pl.concat(parts) if parts else pl.DataFrame(schema={c: GPU_OPS_SCHEMA[c] for c in _SEQUENCE_COLUMNS})
+
+
+def steps_from_sequence(
+    capture: Capture, sequence: pl.DataFrame, patterns: Sequence[str], sources: Sequence[str]
+) -> Any:
+    """:func:`resolve_steps` of the rank's ranges over its kernel sequence (:func:`kernel_sequence`
+    of its slices): the steps :func:`analyse_rank_sliced` takes as ``resolved_steps``."""
     return resolve_steps(capture.ranges, sequence, capture.strings, patterns, sources)
 
 
