@@ -48,7 +48,7 @@ from typing import Any
 import polars as pl
 
 from traceguard.metrics.collectives import P2P_TYPES
-from traceguard.metrics.intervals import union_segments
+from traceguard.metrics.intervals import union_ns
 from traceguard.metrics.steps import containing_ids
 
 PIPELINE = "pipeline"
@@ -150,14 +150,12 @@ def bubble_inputs(ops: pl.DataFrame) -> BubbleInputs:
     has_kernels = attributed.filter(pl.col("kind") == "kernel").height > 0
     spans = attributed.group_by("step_id").agg(pl.col("start").min().alias("s0"), pl.col("end").max().alias("s1"))
     compute = attributed.filter((pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False))
-    covered = (
-        union_segments(compute.select("step_id", "start", "end"), ["step_id"])
-        .collect()
-        .join(spans, on="step_id")
-        .with_columns(pl.max_horizontal("start", "s0").alias("a"), pl.min_horizontal("end", "s1").alias("b"))
-        .group_by("step_id")
-        .agg((pl.col("b") - pl.col("a")).clip(lower_bound=0).sum().alias("covered"))
-    )
+    # Every compute kernel of a step lies inside the step's span (the span is its ops' extent),
+    # so the union needs no clipping to it: the NumPy union, not Polars' segments (+0.5 GB at
+    # 5 M kernels a rank).
+    # (A kernel ending before it starts covers nothing, as the clipped segments gave it.)
+    kernels = compute.select("step_id", "start", pl.max_horizontal("start", "end").alias("end"))
+    covered = union_ns(kernels, ["step_id"]).collect().rename({"union_ns": "covered"})
     return BubbleInputs(spans, covered, has_kernels)
 
 
