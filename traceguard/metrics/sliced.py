@@ -29,7 +29,9 @@ segments that meet NCCL kernels), never O(ops).
 Steps from ranges (``pattern``, ``convention``) need no ops. A capture whose steps must be
 inferred from its kernel sequence (``inferred``, or the ``window`` source behind it) is read
 once more for that sequence's narrow columns (pid, device, kind, start, end, name): that source
-needs the whole sequence, so its memory grows with the capture (about 33 bytes an op).
+needs the whole sequence, so its memory grows with the capture (about 33 bytes an op). The map
+over a file (``traceguard.mapreduce``) reads it once, without the ops' launches, for every rank
+the file holds, and hands each rank its steps (``resolved_steps``).
 """
 
 from __future__ import annotations
