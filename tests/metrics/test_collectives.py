@@ -318,9 +318,9 @@ def test_compute_cover_measures_overlap_exactly(layout: str) -> None:
     ]
     if layout != "one device in start order":
         rows = [*rows[::-1], ("kernel", False, 1, 10, 30, True), ("kernel", False, 1, 0, 15, True)]
-    ops = pl.DataFrame(
-        rows, schema=["kind", "is_nccl", "device", "start", "end", "window"], orient="row"
-    ).with_columns(pl.col("kind").cast(model.OpKind), pl.col("device").cast(pl.Int32))
+    ops = pl.DataFrame(rows, schema=["kind", "is_nccl", "device", "start", "end", "window"], orient="row").with_columns(
+        pl.col("kind").cast(model.OpKind), pl.col("device").cast(pl.Int32)
+    )
     mask = ops["window"]
     cover = collectives.compute_cover(ops, mask)
     queries = [(0, 0, 100), (0, 20, 70), (0, 36, 44), (0, 40, 63), (0, 99, 120), (1, 5, 25), (1, 0, 100)]
@@ -484,3 +484,66 @@ def test_allgather_and_reducescatter_payloads_are_one_ranks_share() -> None:
     assert _with_nccl_payload(ops, ranges, group_size=8)["msg_bytes"].to_list() == [4096, 8192, 8192, 512]
     unknown = _with_nccl_payload(ops, ranges, group_size=None)["msg_bytes"].to_list()
     assert unknown == [4096, None, None, 512]
+
+
+def _gradient_frame(rows: list[tuple[str, int, int | None]]) -> pl.DataFrame:
+    schema = {"collective": pl.String, "msg_bytes": pl.Int64, "phase_id": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+PHASES = {1: "forward", 2: "backward", 3: "optimizer step"}
+
+
+def test_a_gradient_all_reduce_runs_outside_the_forward_pass() -> None:
+    """DDP's bucket all-reduces run in backward (or on the autograd thread, with no phase); a loss
+    all-reduced in forward is under FORWARD_SHARE of the payload and changes nothing."""
+    ddp = _gradient_frame([("AllReduce", 100, 2), ("AllReduce", 100, None), ("AllReduce", 4, 1)])
+    assert collectives.gradient_reduction(ddp, 2, PHASES) == ("AllReduce", 102.0, None)
+    assert collectives.gradient_reduction(ddp, 2, None) == ("AllReduce", 102.0, None)
+
+
+@pytest.mark.parametrize("name", ["forward", "model forward", "DeepSpeedEngine.forward", "fwd, op_id = 7", "Forward"])
+def test_all_reduces_in_the_forward_pass_are_not_gradients(name: str) -> None:
+    """Tensor parallelism all-reduces activations in forward (and their gradients in backward):
+    with a tenth or more of the carrier's payload launched in a forward phase it is no gradient
+    payload; a phase merely containing the letters (`forwarding`, `fwdx`) is not forward."""
+    tp = _gradient_frame([("AllReduce", 8, 1), ("AllReduce", 8, 1), ("AllReduce", 8, None)])
+    carrier, payload, reason = collectives.gradient_reduction(tp, 1, {1: name})
+    assert carrier == "AllReduce" and payload is None
+    assert reason is not None and "67% of the AllReduce payload is launched in the forward pass" in reason
+    for other in ("forwarding", "fwdx", "backward"):
+        assert collectives.gradient_reduction(tp, 1, {1: other}) == ("AllReduce", 24.0, None)
+
+
+def test_the_tensor_parallel_run_s_copies_are_not_judged_against_its_activations(tmp_path: Path) -> None:
+    """The 2×H200 tensor-parallel bundle (torch 2.11, RowwiseParallel/ColwiseParallel): plain SQL
+    puts 4 of the step's 7 all-reduce launches inside its `forward` range on the main thread
+    (the other 3 on the autograd thread during `backward`). Its DtoD copies equal its all-reduce
+    payload; DDP's remedy for them (`gradient_as_bucket_view`) does not apply, so the gradient
+    payload is null with the forward share as reason and `dtod_copy_volume` skips."""
+    bundle = OWN / "seed_studies" / "seed001-002_2gpu_p2p" / "tensor_parallel"
+    db = tmp_path / "cap_0.sqlite"
+    with gzip.open(bundle / "cap_0.sqlite.gz") as src, db.open("wb") as out:
+        shutil.copyfileobj(src, out)
+    query = (
+        "WITH r AS (SELECT n.start, n.end, n.globalTid, coalesce(n.text, s.value) AS name FROM NVTX_EVENTS n "
+        "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59), "
+        "k AS (SELECT rt.start AS ls, rt.globalTid AS tid FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.shortName "
+        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME rt ON rt.correlationId = k.correlationId "
+        "WHERE s.value LIKE 'ncclDevKernel_AllReduce%') "
+        "SELECT (SELECT count(*) FROM k WHERE k.ls >= f.start AND k.ls < f.end AND k.tid = f.globalTid), "
+        "(SELECT count(*) FROM k, r b WHERE b.name LIKE 'Batch %' AND k.ls >= b.start AND k.ls < b.end) "
+        "FROM r f WHERE f.name = 'forward'"
+    )
+    ((in_forward, in_step),) = _sql(db, query)
+    assert (in_forward, in_step) == (4, 7)
+    from traceguard.pipeline import analyze
+
+    report = analyze([str(bundle)]).report
+    for rank in report["ranks"]:
+        reason = rank["metrics"]["null_reasons"]["gradient_reduction_bytes_per_step"]
+        assert rank["metrics"]["gradient_reduction_bytes_per_step"] is None
+        assert reason.startswith(f"{in_forward / in_step:.0%} of the AllReduce payload is launched in the forward pass")
+    check = {c["id"]: c for c in report["checks"]}["dtod_copy_volume"]
+    assert check["status"] == "skip" and "forward pass" in check["reason"]

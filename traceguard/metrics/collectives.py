@@ -31,11 +31,18 @@ Definitions (DESIGN.md, "Collectives by type"), over a rank's NCCL kernels in th
   reduce-scatter; of the two, the collective with the larger known payload inside the steps
   carries the gradients, and its payload ÷ steps is ``gradient_reduction_bytes_per_step``.
   NCCL's NVTX payload of a reduce-scatter is its output (one rank's share); the rank metrics
-  multiply it by the communicator size to give the input, as Kineto's args do.
+  multiply it by the communicator size to give the input, as Kineto's args do. Gradients are
+  never reduced in the forward pass: when at least :data:`FORWARD_SHARE` of the carrier's
+  payload is launched from a step phase named like a forward pass (:data:`FORWARD_PHASE`), the
+  collective carries activations (tensor or sequence parallelism), and the payload is null with
+  that reason rather than a yardstick for gradient copies (the 2×H200 tensor-parallel run
+  all-reduces 56 MiB a step, as much as its DTensor copies: ``dtod_copy_volume`` failed it with
+  DDP's remedy).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +70,11 @@ COLLECTIVE_ORDER: tuple[str, ...] = (
 P2P_TYPES: tuple[str, ...] = ("SendRecv", "Send", "Recv")
 #: The collectives that can carry a gradient reduction (DDP, FSDP/ZeRO).
 GRADIENT_TYPES: tuple[str, ...] = ("AllReduce", "ReduceScatter")
+#: A step phase of the forward pass: ``forward``, ``fwd``, ``model forward``, DeepSpeed's
+#: ``DeepSpeedEngine.forward`` (a word, in any case; emit_nvtx's ``, op_id`` suffix allowed).
+FORWARD_PHASE = r"(?i)(?:^|[^a-z])(?:forward|fwd)(?:[^a-z]|$)"
+#: The share of the carrier's payload launched in forward phases from which it is not gradients.
+FORWARD_SHARE = 0.1
 OTHER = "Other"
 #: NCCL calls whose NVTX payload is one rank's share of the message (AllGather: the send size;
 #: ReduceScatter: the receive size), not the larger buffer nccl-tests counts.
@@ -444,12 +456,15 @@ def peer_matrix(
     return {"rows": rows, "null_reason": reason}
 
 
-def gradient_reduction(nccl_in_steps: pl.DataFrame, step_count: int) -> tuple[str | None, float | None, str | None]:
+def gradient_reduction(
+    nccl_in_steps: pl.DataFrame, step_count: int, phase_names: dict[int, str] | None = None
+) -> tuple[str | None, float | None, str | None]:
     """(collective, payload bytes per step, null reason) of the gradient reduction.
 
-    ``nccl_in_steps``: NCCL kernels attributed to steps, with ``collective`` and ``msg_bytes``.
-    Of all-reduce and reduce-scatter, the one with the larger known payload carries the gradients;
-    its payload counts only when every one of its kernels has a message size."""
+    ``nccl_in_steps``: NCCL kernels attributed to steps, with ``collective`` and ``msg_bytes``
+    (and ``phase_id``, named by ``phase_names``). Of all-reduce and reduce-scatter, the one with
+    the larger known payload carries the gradients; its payload counts only when every one of its
+    kernels has a message size, and not when it runs in the forward pass (module docstring)."""
     if not step_count:
         return None, None, "no steps"
     totals: dict[str, tuple[int, int, int]] = {}
@@ -471,6 +486,19 @@ def gradient_reduction(nccl_in_steps: pl.DataFrame, step_count: int) -> tuple[st
             "`nsys export --type sqlite --include-blobs=true`; or capture with torch.profiler)",
         )
     name = max(complete, key=lambda k: (complete[k], k == "AllReduce"))
+    forward = {pid: n for pid, n in (phase_names or {}).items() if re.search(FORWARD_PHASE, n)}
+    if forward and complete[name] and "phase_id" in present.columns:
+        carrier = present.filter(pl.col("collective").cast(pl.String) == name)
+        in_forward = int(carrier.filter(pl.col("phase_id").is_in(list(forward)))["msg_bytes"].sum() or 0)
+        if in_forward >= FORWARD_SHARE * complete[name]:
+            phases = sorted({forward[p] for p in carrier["phase_id"].drop_nulls().to_list() if p in forward})
+            return (
+                name,
+                None,
+                f"{in_forward / complete[name]:.0%} of the {name} payload is launched in the forward pass "
+                f"({', '.join(f'`{p}`' for p in phases)}): it carries activations (tensor or sequence "
+                "parallelism), not gradients, so it is no yardstick for gradient copies",
+            )
     return name, complete[name] / step_count, None
 
 

@@ -189,7 +189,14 @@ def rank_result(
     resolved, steps, phases = inputs.resolved, inputs.resolved.steps, inputs.phases
     no_steps = _no_steps_reason(capture, inputs.op_counts["gpu_ops"])
     m, null, nccl_ops = _window_metrics(
-        capture.strings, inputs.sums, steps, inputs.nccl_kernels, inputs.nccl_in_window, inputs.exposed, no_steps
+        capture.strings,
+        inputs.sums,
+        steps,
+        phases,
+        inputs.nccl_kernels,
+        inputs.nccl_in_window,
+        inputs.exposed,
+        no_steps,
     )
     step_rows, span_total, nccl_in_steps = inputs.step_table
     m["gpu_span_ns"] = span_total
@@ -318,6 +325,7 @@ def _window_metrics(
     strings: pl.DataFrame,
     sums: WindowSums,
     steps: pl.DataFrame,
+    phases: pl.DataFrame,
     nccl_kernels: pl.DataFrame,
     nccl_in_window: pl.DataFrame,
     exposed: Callable[[], int],
@@ -365,7 +373,8 @@ def _window_metrics(
         )
     # The gradient payload rides on all-reduce (DDP) or reduce-scatter (FSDP/ZeRO): whichever
     # carries more bytes in the steps (metrics.collectives.gradient_reduction).
-    grad_collective, grad_bytes, grad_reason = collectives.gradient_reduction(nccl_in_step, step_count)
+    phase_names = dict(phases.select("phase_id", "name").iter_rows()) if phases.height else None
+    grad_collective, grad_bytes, grad_reason = collectives.gradient_reduction(nccl_in_step, step_count, phase_names)
     m["gradient_reduction_collective"] = grad_collective
     m["gradient_reduction_bytes_per_step"] = grad_bytes
     if grad_bytes is None:
