@@ -252,18 +252,12 @@ def test_the_rank_last_most_often_is_not_the_one_that_held_the_others_up_longest
     `longest_held_up_by` names rank 1. Expected values from plain json.loads: per instance (comm id,
     coll, coll_sn) on all 4 ranks, transfer = the shortest execution time, the waits = the rest, the
     last rank = the shortest execution (as docs/inspector.md)."""
+    from tests.metrics.test_inspector import exec_times
     from traceguard.ingest.nccl_inspector import read_inspector
     from traceguard.metrics.inspector import TOGETHER_NS, TOGETHER_SHARE, analyse_inspector
 
     folder = SEED / "waits_4gpu" / "slow_rank1" / "inspector"
-    instances: dict[tuple, dict[int, int]] = {}
-    for path in sorted(folder.glob("*.log.gz")):
-        with gzip.open(path, "rt") as fh:
-            for line in fh:
-                doc = json.loads(line)
-                perf = doc["coll_perf"]
-                key = (doc["header"]["id"], perf["coll"], perf["coll_sn"])
-                instances.setdefault(key, {})[doc["header"]["rank"]] = perf["coll_exec_time_us"] * 1000
+    instances = exec_times(sorted(folder.glob("*.log.gz")))
     last_count: dict[int, int] = {}
     held: dict[int, int] = {}
     for members in instances.values():

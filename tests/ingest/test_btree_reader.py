@@ -230,6 +230,23 @@ def small_capture(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return gzip.decompress((OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz").read_bytes())
 
 
+def _damaged(capture: bytes, table: str, hits: list[tuple[float, int]], run: int, db: Path) -> Path:
+    """``capture`` written to ``db`` with runs of ``run`` bytes of one value overwritten at ``hits``
+    (fractions of the file) from ``table``'s root page on."""
+    data = bytearray(capture)
+    page = int.from_bytes(data[16:18], "big")
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(bytes(data))
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    conn.close()
+    lo = (root - 1) * page
+    for where, value in hits:
+        at = lo + int(where * (len(data) - lo - run))
+        data[at : at + run] = bytes([value]) * run
+    db.write_bytes(bytes(data))
+    return db
+
+
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     hits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=30),
@@ -240,19 +257,8 @@ def test_a_damaged_file_never_crashes_it_nor_reads_what_sqlite_would_not(
 ) -> None:
     """Bytes overwritten anywhere in the kernel table's pages (runs of one value): the reader
     returns None or rows; when SQLite also reads the table, the rows are the same."""
-    db = tmp_path_factory.mktemp("damaged") / "cap.sqlite"
-    data = bytearray(small_capture)
-    page = int.from_bytes(data[16:18], "big")
     table = nsys_sqlite.KERNEL
-    conn = sqlite3.connect(":memory:")
-    conn.deserialize(bytes(data))
-    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
-    conn.close()
-    lo = (root - 1) * page
-    for where, value in hits:
-        at = lo + int(where * (len(data) - lo - run))
-        data[at : at + run] = bytes([value]) * run
-    db.write_bytes(bytes(data))
+    db = _damaged(small_capture, table, hits, run, tmp_path_factory.mktemp("damaged") / "cap.sqlite")
     columns = ["start", "end", "deviceId", "correlationId"]
     try:
         reader = _reader(db)
@@ -448,18 +454,7 @@ def test_a_damaged_per_op_table_never_crashes_the_folding_nor_folds_what_sqlite_
 ) -> None:
     """Bytes overwritten anywhere from the NVTX table's root on: the folding read returns None or
     rows and counts; when SQLite also reads the table, both are SQLite's."""
-    db = tmp_path_factory.mktemp("damaged") / "cap.sqlite"
-    data = bytearray(per_op_capture)
-    page = int.from_bytes(data[16:18], "big")
-    conn = sqlite3.connect(":memory:")
-    conn.deserialize(bytes(data))
-    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (nsys_sqlite.NVTX,)).fetchone()[0]
-    conn.close()
-    lo = (root - 1) * page
-    for where, value in hits:
-        at = lo + int(where * (len(data) - lo - run))
-        data[at : at + run] = bytes([value]) * run
-    db.write_bytes(bytes(data))
+    db = _damaged(per_op_capture, nsys_sqlite.NVTX, hits, run, tmp_path_factory.mktemp("damaged") / "cap.sqlite")
     spec = [("start", "start", "int"), ("text", "text", "text")]
     rows = Rows(column="eventType", values=(59, 60), skip=Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid"))
     try:

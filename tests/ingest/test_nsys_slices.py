@@ -177,14 +177,7 @@ def test_dropped_launches_are_reread(gz: Path, unpacked, monkeypatch: pytest.Mon
     monkeypatch.setattr(nsys_sqlite, "IN_LIST_IDS", 5)  # re-reads by several IN lists,
     monkeypatch.setattr(nsys_sqlite, "IN_LISTS", 2)  # or, past 10 ids, by a scan in chunks
     monkeypatch.setattr(nsys_sqlite, "ID_SCAN_ROWS", 1000)
-    rereads: list[int] = []
-    reread = nsys_sqlite._Reader.reread_launches
-
-    def counted(self: nsys_sqlite._Reader, ops: pl.DataFrame, launch_ids: list[int] | None = None) -> list[pl.Series]:
-        rereads.append(ops.height)
-        return reread(self, ops, launch_ids)
-
-    monkeypatch.setattr(nsys_sqlite._Reader, "reread_launches", counted)
+    rereads = _count_rereads(monkeypatch)
     with open_sliced(db) as sliced:
         for max_rows in (2, 5) if whole.height < 100 else (20, 200):  # several blocks in every file
             _check_slices(list(sliced.op_windows(max_rows)), whole, max_rows)

@@ -24,16 +24,23 @@ def _files(run: str) -> list[Path]:
     return sorted(FIXTURES.glob(f"fsdp2_{run}_rank*.log.gz"))
 
 
-def _plain(run: str) -> dict:
-    """Instances by (comm id, coll, coll_sn) → {rank: exec ns}, and each rank's lines' sums."""
+def exec_times(paths: list[Path]) -> dict[tuple, dict[int, int]]:
+    """Plain ``json.loads`` of Inspector JSON-lines files: instances by (comm id, coll, coll_sn) →
+    {rank: execution ns}."""
     instances: dict[tuple, dict[int, int]] = {}
-    for path in _files(run):
+    for path in paths:
         with gzip.open(path, "rt") as fh:
             for line in fh:
                 doc = json.loads(line)
                 perf = doc["coll_perf"]
                 key = (doc["header"]["id"], perf["coll"], perf["coll_sn"])
                 instances.setdefault(key, {})[doc["header"]["rank"]] = perf["coll_exec_time_us"] * 1000
+    return instances
+
+
+def _plain(run: str) -> dict:
+    """Instances by (comm id, coll, coll_sn) → {rank: exec ns}, and each rank's lines' sums."""
+    instances = exec_times(_files(run))
     wait: Counter = Counter()
     transfer: Counter = Counter()
     last: Counter = Counter()
