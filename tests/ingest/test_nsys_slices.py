@@ -11,6 +11,7 @@ order must be refused, as must a launch key order the slices cannot resolve.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -207,6 +208,8 @@ def test_reread_of_many_ids(unpacked, way: str, monkeypatch: pytest.MonkeyPatch)
     if way == "sqlite":
         monkeypatch.setattr(nsys_sqlite._Reader, "api_table_walked", lambda self, table, rows: None)
     elif nsys_sqlite._int_scan is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":  # CI: the walk must be tested
+            pytest.fail("traceguard.ingest._int_scan was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
         pytest.skip("the C reader was not built")
     else:
         walk = nsys_sqlite._Reader.api_table_walked
