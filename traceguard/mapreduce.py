@@ -454,18 +454,17 @@ def _kernel_sequences(source: Any, rows: int, by_pid: bool) -> dict[int | None, 
 
 def _sequence_steps(
     task: MapTask, rank: int, part: Any, pid: int | None, sequences: dict[int | None, list[pl.DataFrame]]
-) -> Any | None:
-    """The rank's steps from its process's kernel sequence (every op when the file is one rank:
-    ``pid`` None), as :func:`traceguard.metrics.sliced.analyse_rank_sliced` would find them
-    from its own slices, its pieces let go; None when its ranges settle them (it finds those
-    itself)."""
+) -> Any:
+    """The rank's steps as :func:`traceguard.metrics.sliced.analyse_rank_sliced` would find them
+    from its own slices: from its ranges when they settle them, else from its process's kernel
+    sequence (every op when the file is one rank: ``pid`` None); its pieces are let go."""
     from traceguard.metrics.sliced import kernel_sequence, steps_from_ranges, steps_from_sequence
 
     options = _rank_options(task)
     patterns, sources = options["step_patterns"], options["step_sources"]
     mine = sequences.pop(pid, [])
-    if steps_from_ranges(part, patterns, sources) is not None:
-        return None
+    if (resolved := steps_from_ranges(part, patterns, sources)) is not None:
+        return resolved
     sequence = kernel_sequence(mine).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
     del mine
     return steps_from_sequence(part, sequence, patterns, sources)
