@@ -44,6 +44,7 @@ def _plain(run: str) -> dict:
     wait: Counter = Counter()
     transfer: Counter = Counter()
     last: Counter = Counter()
+    held: Counter = Counter()  # the members' waits at the instances each rank arrived last at
     together = 0
     for times in instances.values():
         shortest = min(times.values())
@@ -54,8 +55,17 @@ def _plain(run: str) -> dict:
         if spread <= max(TOGETHER_NS, TOGETHER_SHARE * shortest):
             together += 1
         else:
-            last[min(times, key=lambda r: (times[r], -r))] += 1
-    return {"instances": instances, "wait": wait, "transfer": transfer, "last": last, "together": together}
+            late = min(times, key=lambda r: (times[r], -r))
+            last[late] += 1
+            held[late] += sum(ns - shortest for ns in times.values())
+    return {
+        "instances": instances,
+        "wait": wait,
+        "transfer": transfer,
+        "last": last,
+        "held": held,
+        "together": together,
+    }
 
 
 @pytest.mark.parametrize("run", ["p2p", "shm"])
@@ -71,6 +81,12 @@ def test_split_matches_plain_json(run: str) -> None:
         assert row["nccl_wait_ns"] == expected["wait"][row["rank"]]
         assert row["nccl_transfer_ns"] == expected["transfer"][row["rank"]]
         assert row["last_arrivals"]["count"] == expected["last"][row["rank"]]
+        if result.late is not None:
+            assert row["last_arrivals"]["held_up_ns"] == expected["held"][row["rank"]]
+    if result.late is not None:
+        costliest = max(sorted(expected["held"]), key=lambda r: expected["held"][r])
+        other = result.late["longest_held_up_by"]
+        assert (other["rank"] if other else result.late["rank"]) == costliest
     assert result.arrival_source == "shortest execution time"
     # Per rank and type: the plugin's numbers, summed.
     by_type = {(r["rank"], r["coll"]): r for r in result.by_type}
