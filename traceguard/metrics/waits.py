@@ -490,9 +490,10 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
         "held_up_share": result.per_rank[late_rank]["last_arrivals"]["held_up_share"],
         "longest_held_up_by": longest_held_up_by(late_rank, {r: result.per_rank[r]["last_arrivals"] for r in ranks}),
     }
-    # Per step: the latest rank's median lateness (what the straggler rule judges besides spans).
+    # Per step: the latest rank's median lateness (what the straggler rule judges besides spans);
+    # ranks in order, so a tie goes to the lowest (ranks of one clock arrive together).
     per_step: dict[int, tuple[int, float]] = {}
-    for rank, by_step in result.per_step.items():
+    for rank, by_step in sorted(result.per_step.items()):
         for step, row in by_step.items():
             late = row.get("lateness_ns") or 0.0
             if step not in per_step or late > per_step[step][1]:
