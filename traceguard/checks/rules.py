@@ -209,12 +209,24 @@ def _worst_steps(result: RunResult, key: str, *, limit: int = 5) -> list[dict[st
     return rows[:limit]
 
 
+#: Per-rank evidence rows a check keeps at most: beyond, the worst (a run of 1,024 ranks would
+#: otherwise list every rank in its evidence). Runs of this many ranks or fewer keep every row as found.
+EVIDENCE_RANKS = 8
+
+
+def _worst_rows(rows: list[dict[str, Any]], key: str, *, lowest: bool = False) -> list[dict[str, Any]]:
+    """``rows`` as they are when :data:`EVIDENCE_RANKS` or fewer, else the worst by ``key`` (rank order on ties)."""
+    if len(rows) <= EVIDENCE_RANKS:
+        return rows
+    known = [r for r in rows if isinstance(r.get(key), int | float)]
+    known.sort(key=lambda r: (r[key] if lowest else -r[key], r.get("rank", 0)))
+    return known[:EVIDENCE_RANKS]
+
+
 def _copy_evidence(result: RunResult) -> list[dict[str, Any]]:
     rows = _rank_evidence(result, "gpu_to_cpu_copy_rate", extra=("gpu_to_cpu_copies", "gpu_to_cpu_bytes", "gpu_ops"))
-    for r in result.ranks:
-        for offender in r.gpu_to_cpu_offenders:
-            rows.append({"rank": r.rank, **offender})
-    return rows
+    offenders = [{"rank": r.rank, **offender} for r in result.ranks for offender in r.gpu_to_cpu_offenders]
+    return rows + _worst_rows(offenders, "copies")
 
 
 def _dtod_evidence(result: RunResult) -> list[dict[str, Any]]:
@@ -403,7 +415,16 @@ def _pageable_evidence(result: RunResult) -> list[dict[str, Any]]:
 
 
 def _gpu_evidence(result: RunResult) -> list[dict[str, Any]]:
-    return [{"rank": r.rank, "gpus": r.gpu_models} for r in result.ranks if r.gpu_models]
+    """Each rank's GPUs; above :data:`EVIDENCE_RANKS` ranks, each distinct GPU list once, with its
+    first rank and how many ranks have it."""
+    rows = [{"rank": r.rank, "gpus": r.gpu_models} for r in result.ranks if r.gpu_models]
+    if len(rows) <= EVIDENCE_RANKS:
+        return rows
+    grouped: dict[tuple[str, ...], dict[str, Any]] = {}
+    for row in rows:
+        found = grouped.setdefault(tuple(row["gpus"]), {"rank": row["rank"], "gpus": row["gpus"], "ranks": 0})
+        found["ranks"] += 1
+    return list(grouped.values())
 
 
 def _straggler_evidence(result: RunResult) -> list[dict[str, Any]]:
@@ -460,6 +481,7 @@ def _utilization_evidence(result: RunResult) -> list[dict[str, Any]]:
     bandwidth from transfer time (waiting for the last rank taken out, metrics.waits) where its
     calls were matched across ranks, else from kernel time (a lower bound)."""
     rows = _link_evidence("p2p_utilization")(result)
+    trace: list[dict[str, Any]] = []
     for r in result.ranks:
         table = r.collectives
         if table.height == 0 or "bandwidth_time" not in table.columns:
@@ -467,7 +489,7 @@ def _utilization_evidence(result: RunResult) -> list[dict[str, Any]]:
         sized = table.filter((pl.col("collective") == "AllReduce") & pl.col("msg_bytes").is_not_null())
         if sized.height:
             top = sized.sort("msg_bytes", descending=True).row(0, named=True)
-            rows.append(
+            trace.append(
                 {
                     "source": "trace",
                     "rank": r.rank,
@@ -477,7 +499,7 @@ def _utilization_evidence(result: RunResult) -> list[dict[str, Any]]:
                     "bandwidth_time": top["bandwidth_time"],
                 }
             )
-    return rows + _capture_link_rows(result)
+    return rows + _worst_rows(trace, "busbw_gbps", lowest=True) + _capture_link_rows(result)
 
 
 def _capture_link_rows(result: RunResult) -> list[dict[str, Any]]:
@@ -502,7 +524,7 @@ def _capture_link_rows(result: RunResult) -> list[dict[str, Any]]:
                 "samples": m.get("link_nccl_samples"),
             }
         )
-    return rows
+    return _worst_rows(rows, "pcie_peak")
 
 
 def _pcie_detail(result: RunResult) -> str | None:
@@ -593,10 +615,12 @@ def _small_evidence(result: RunResult) -> list[dict[str, Any]]:
             "small_collectives_per_step",
         ),
     )
-    for r in result.ranks:
-        for offender in (r.small_collectives or {}).get("offenders", [])[:3]:
-            rows.append({"rank": r.rank, **offender})
-    return rows
+    offenders = [
+        {"rank": r.rank, **offender}
+        for r in result.ranks
+        for offender in (r.small_collectives or {}).get("offenders", [])[:3]
+    ]
+    return rows + _worst_rows(offenders, "calls")
 
 
 def _host_copies_found(result: RunResult) -> str:
@@ -1104,9 +1128,21 @@ def capture_health(result: RunResult, config: RuleConfig) -> CheckResult:
         status=status,
         message=message,
         reason=None,
-        evidence=problems,
+        evidence=_grouped_problems(problems),
         remedy=(CAPTURE_HEALTH_REMEDY + _graph_remedy(problems)) if status != PASS else None,
     )
+
+
+def _grouped_problems(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The problems as found, or above :data:`EVIDENCE_RANKS` each distinct one once: its first
+    rank's row and how many ranks have it (``ranks``)."""
+    if len(problems) <= EVIDENCE_RANKS:
+        return problems
+    grouped: dict[tuple[str, str], dict[str, Any]] = {}
+    for problem in problems:
+        found = grouped.setdefault((problem["severity"], problem["problem"]), {**problem, "ranks": 0})
+        found["ranks"] += 1
+    return list(grouped.values())
 
 
 def _share_of_busy(part: int, busy: int) -> str:
