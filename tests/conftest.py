@@ -59,3 +59,32 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory):
         return cache[path]
 
     return _unpack
+
+
+#: Ranks of :func:`many_ranks`: above the 32 capture files a report is a summary by default.
+MANY_RANKS = 40
+
+
+@pytest.fixture(scope="session")
+def many_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 40-rank run made by ``bench/make_run.py`` from the real 4×H200 captures (one copy each:
+    5,308 kernels per rank, 10 nodes with their own clock offsets): a run reported by summary."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("many") / "run40"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench/make_run.py"),
+            "--ranks",
+            str(MANY_RANKS),
+            "--kernels-per-rank",
+            "5308",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out

@@ -340,3 +340,27 @@ def test_a_scheduler_without_n_workers_leaves_each_read_alone() -> None:
             return {"workers": {"tcp://10.0.0.1:1": {"host": "10.0.0.1", "nthreads": 4}}}
 
     assert mapreduce._threads_per_host(OlderClient()) == {}
+
+
+@pytest.mark.parametrize("part_ranks", [1, 128])
+@pytest.mark.parametrize("case", CASES)
+def test_the_side_output_keeps_only_the_rows_the_report_uses(
+    cases: dict[str, list[str]], case: str, part_ranks: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inputs mapped again under other ranks, unreadable ones and duplicates leave no stale rows in
+    a summary's side output, whether their first rows were still buffered or already written in a
+    part: it gives back exactly the ranks of the full report (issue 30)."""
+    from traceguard.report import detail
+    from traceguard.report.detail import rank_entries
+
+    monkeypatch.setattr(detail, "PART_RANKS", part_ranks)
+    full = pipeline.analyze(cases[case], scheduler="serial", detail="full").report
+    summary = pipeline.analyze(cases[case], scheduler="serial", detail="summary", detail_dir=tmp_path / "d")
+    assert summary.report["detail"]["mode"] == "summary"
+    assert [e for batch in rank_entries(tmp_path / "d") for e in batch] == full["ranks"]
+    tables = summary.report["detail"]["tables"]
+    assert tables["phases"]["rows"] == sum(len(s["phases"]) for r in full["ranks"] for s in r["steps"])
+    assert tables["collective_steps"]["rows"] == sum(len(r["collectives_by_type"]["steps"]) for r in full["ranks"])
+    assert tables["timelines"]["rows"] == len(full["timeline"]["ranks"])
+    kept = {r["rank"]: r for r in summary.report["ranks"]}
+    assert kept and all(kept[rank] == r for r in full["ranks"] if (rank := r["rank"]) in kept)

@@ -165,6 +165,15 @@ class MappedRun:
     inputs: list[InputRecord]
     results: list[RankResult]
     copies: pl.DataFrame
+    #: The inputs (by index) whose results are in ``results``: what a :data:`Keep` hook was handed
+    #: last for them is what counts; anything it kept of other inputs is stale.
+    used: frozenset[int] = frozenset()
+
+
+#: Called in this process on each input's outcome as it arrives (and again when the input is mapped
+#: again under other ranks): it may take the rows out of the results (a side output writes them)
+#: and returns the outcome the reduce keeps. The streaming part of the reduce (issue 30).
+Keep = Callable[[MapOutcome], MapOutcome]
 
 
 def copy_summary(rank: int, capture: Any) -> pl.DataFrame:
@@ -740,10 +749,14 @@ def map_run(
     scheduler: str | None = None,
     jobs: int | None = None,
     on_ranks: RankProgress | None = None,
+    keep: Keep | None = None,
 ) -> MappedRun:
     """Map every input (module docstring) and return the confirmed records and rank results.
 
-    ``on_ranks(done, total)`` is called as each input's map finishes (in this process)."""
+    ``on_ranks(done, total)`` is called as each input's map finishes (in this process); ``keep``
+    (:data:`Keep`) is handed each outcome as it arrives, before the next is awaited, so the client
+    holds what it returns rather than every rank's rows."""
+    take = keep or (lambda outcome: outcome)
     name = chosen_scheduler(scheduler)
     assignments, expected_ranks = plan(specs)
     here = os.getcwd()
@@ -754,7 +767,7 @@ def map_run(
     outcomes: dict[int, MapOutcome] = {}
     total = len(tasks)
     for task, result in _execute(tasks, name, jobs):
-        outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
+        outcomes[task.index] = take(_lost(task, result) if isinstance(result, BaseException) else result)
         if on_ranks:
             on_ranks(len(outcomes), total)
 
@@ -769,13 +782,14 @@ def map_run(
         if not again:
             break
         for task, result in _execute(again, name, jobs):
-            outcomes[task.index] = _lost(task, result) if isinstance(result, BaseException) else result
+            outcomes[task.index] = take(_lost(task, result) if isinstance(result, BaseException) else result)
     else:  # pragma: no cover - a plan that does not settle is a bug in resolve_ranks
         raise RuntimeError("rank resolution did not settle")
 
     records: list[InputRecord] = []
     results: list[RankResult] = []
     copies: list[pl.DataFrame] = []
+    used: set[int] = set()
     for index in range(len(specs)):
         outcome = outcomes[index]
         record = outcome.record
@@ -785,9 +799,10 @@ def map_run(
             if not assignment.error:
                 results.extend(outcome.results)
                 copies.extend(outcome.copies)
+                used.add(index)
         records.append(record)
     results.sort(key=lambda r: r.rank)
-    return MappedRun(records, results, _concat_copies(copies))
+    return MappedRun(records, results, _concat_copies(copies), frozenset(used))
 
 
 def _confirm(outcomes: dict[int, MapOutcome]) -> tuple[dict[int, RankAssignment], int]:

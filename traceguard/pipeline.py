@@ -7,6 +7,7 @@ through optional callbacks.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from traceguard.metrics.link_counters import capture_link_rows, capture_null_rea
 from traceguard.metrics.links import analyse_links
 from traceguard.metrics.run import RunResult, reduce_results
 from traceguard.report import document
+from traceguard.report.detail import Detail, DetailWriter
+from traceguard.report.summary import summary_wanted
 
 Progress = Callable[[str], None]
 
@@ -41,6 +44,9 @@ class Analysis:
     #: Per rank: the whole capture's memcpys and memsets by kind and direction
     #: (:func:`traceguard.mapreduce.copy_summary`); empty when no capture was read.
     copies: pl.DataFrame
+    #: The report's side output (traceguard.report.detail): every rank's and step's rows as Parquet,
+    #: when one was written (a report by summary, or ``detail_dir`` given); None otherwise.
+    detail_folder: Path | None = None
 
 
 def _param(profile: Profile, rule: str, name: str) -> float | None:
@@ -60,6 +66,9 @@ def analyze(
     jobs: int | None = None,
     on_ranks: RankProgress | None = None,
     sliced_above: int | None = None,
+    detail: str = "auto",
+    detail_dir: Path | None = None,
+    detail_default_dir: Path | None = None,
 ) -> Analysis:
     """Analyse one run's captures and side inputs under a profile.
 
@@ -74,6 +83,14 @@ def analyze(
     same whichever runs it (traceguard.mapreduce). nsys exports of at least ``sliced_above``
     bytes (default: traceguard.mapreduce.sliced_above) are analysed in time slices, with memory
     bounded by a slice; the report is the same (traceguard.metrics.sliced).
+
+    ``detail`` (``full``, ``summary`` or ``auto``: summary above
+    :data:`traceguard.report.summary.SUMMARY_ABOVE_INPUTS` capture files) says whether the report
+    holds every rank and step or a summary with the worst ranks; a summary's rows go to a Parquet
+    side output in ``detail_dir`` (which must be new or empty), else ``detail_default_dir`` (a
+    previous side output there is replaced), else a new temporary folder; it is written as each
+    rank's map arrives, and the reduce keeps only what it needs of each rank
+    (traceguard.report.detail). With ``detail_dir`` a full report gets the side output too.
 
     Raises NoUsableInputError when neither a capture nor a side input can be read.
     """
@@ -108,7 +125,17 @@ def analyze(
         why = "; ".join(side.errors) or "give capture files, a run directory, or side inputs"
         raise NoUsableInputError(f"no usable input: {why}")
     say(f"analysing {len(specs)} input(s)")
-    mapped = map_run(specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks)
+    by_summary = summary_wanted(detail, len(specs))
+    writer: DetailWriter | None = None
+    if detail_dir is not None:
+        writer = DetailWriter(Path(detail_dir), lighten_results=by_summary)
+    elif by_summary and detail_default_dir is not None:
+        writer = DetailWriter(Path(detail_default_dir), lighten_results=True, replace_previous=True)
+    elif by_summary:
+        writer = DetailWriter(Path(tempfile.mkdtemp(prefix="traceguard-detail-")), lighten_results=True)
+    mapped = map_run(
+        specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks, keep=writer.take if writer else None
+    )
     if specs and not mapped.results and not has_side:
         raise NoUsableInputError(f"no usable input: {no_input_reasons(mapped.inputs)}")
     result = reduce_results(mapped.results)
@@ -135,8 +162,17 @@ def analyze(
         merge_inspector(result, peak_from="NCCL GRAPH maxBw" if nccl_peak else "profile peak_busbw_gbps")
     say("checking")
     checks = evaluate(result, chosen)
-    report = document.build(mapped.inputs, result, checks, chosen, side=side)
-    return Analysis(mapped.inputs, result, side, checks, chosen, report, mapped.copies)
+    shape = Detail()
+    if writer is not None:
+        say("writing the side output")
+        input_of = {rank: index for index, record in enumerate(mapped.inputs) for rank in record.ranks}
+        paths = {rank: record.path for record in mapped.inputs for rank in record.ranks}
+        tables = writer.finish(result.ranks, input_of, paths, mapped.used)
+        shape = Detail("summary" if by_summary else "full", writer.folder, tables)
+    report = document.build(mapped.inputs, result, checks, chosen, side=side, detail=shape)
+    return Analysis(
+        mapped.inputs, result, side, checks, chosen, report, mapped.copies, writer.folder if writer else None
+    )
 
 
 def _captures(inputs: Iterable[str | InputSpec], found_in: dict[Path, SideFiles]) -> list[InputSpec]:

@@ -12,6 +12,8 @@ from rich.table import Table
 from traceguard.checks.profiles import DEFAULT_PROFILE, available, load_profile
 from traceguard.cli.common import (
     Captures,
+    DetailOpt,
+    DetailOutOpt,
     DmonOpt,
     JobsOpt,
     NcclLogOpt,
@@ -65,11 +67,15 @@ def analyze_command(
     scheduler: SchedulerOpt = None,
     jobs: JobsOpt = None,
     sliced_above: SlicedAboveOpt = None,
+    detail: DetailOpt = "auto",
+    detail_out: DetailOutOpt = None,
 ) -> None:
     """Analyse captures of one run and print or write the report (exit 0 whenever a report is made)."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
     side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
-    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs, sliced_above)
+    analysis = run_analysis(
+        captures, profile, side, patterns, sources, scheduler, jobs, sliced_above, detail, detail_out, out_path
+    )
     warn_inputs(analysis.report)
     write(render(analysis.report, format_for(out_path, fmt)), out_path)
 
@@ -90,11 +96,15 @@ def check_command(
     scheduler: SchedulerOpt = None,
     jobs: JobsOpt = None,
     sliced_above: SlicedAboveOpt = None,
+    detail: DetailOpt = "auto",
+    detail_out: DetailOutOpt = None,
 ) -> None:
     """The gate: exit 0 when no check fails, 1 when one does, 2 when no input is usable."""
     patterns, sources = step_patterns(step_pattern), step_sources(step_source)
     side = sides(nccl_log, dmon, nccl_tests, topo, smi_q)
-    analysis = run_analysis(captures, profile, side, patterns, sources, scheduler, jobs, sliced_above)
+    analysis = run_analysis(
+        captures, profile, side, patterns, sources, scheduler, jobs, sliced_above, detail, detail_out, json_path
+    )
     report = analysis.report
     warn_inputs(report)
     print_checks(report)

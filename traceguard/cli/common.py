@@ -135,6 +135,33 @@ SlicedAboveOpt = Annotated[
     ),
 ]
 
+DetailOpt = Annotated[
+    str,
+    typer.Option(
+        "--detail",
+        metavar="MODE",
+        help="What the report holds: `full` (every rank and step), `summary` (the run, distributions over ranks, "
+        "rank x step heat maps and the worst ranks whole; every row goes to a Parquet side output, see "
+        "--detail-out) or `auto` (summary above 32 capture files).",
+    ),
+]
+DetailOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--detail-out",
+        metavar="DIR",
+        help="Write the Parquet side output (every rank's and step's rows, one folder per table) here. Default "
+        "for a summary: REPORT.detail beside --out, else ./traceguard-detail (a previous side output there is "
+        "replaced). Given with a full report, the full report gets one too.",
+        show_default=False,
+    ),
+]
+
+
+def default_detail_folder(out_path: Path | None) -> Path:
+    """Where a summary's side output goes without ``--detail-out`` (:data:`DetailOutOpt`)."""
+    return out_path.with_name(out_path.name + ".detail") if out_path else Path("traceguard-detail")
+
 
 def side_paths(
     nccl_log: list[Path] | None,
@@ -217,6 +244,9 @@ def run_analysis(
     scheduler: str | None = None,
     jobs: int | None = None,
     sliced_above: str | None = None,
+    detail: str = "auto",
+    detail_out: Path | None = None,
+    out_path: Path | None = None,
 ) -> Analysis:
     """The analysis behind analyze and check, with a progress bar of the files analysed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -245,6 +275,9 @@ def run_analysis(
                 scheduler=scheduler,
                 jobs=jobs,
                 sliced_above=slice_bytes,
+                detail=detail,
+                detail_dir=detail_out,
+                detail_default_dir=default_detail_folder(out_path),
                 on_ranks=lambda done, total: bar.update(
                     task, description="analysing files", completed=done, total=total
                 ),

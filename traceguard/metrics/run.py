@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -226,6 +226,16 @@ class RunResult:
     waits: WaitResult | None = None
     #: What NCCL Inspector logs say (metrics.inspector.InspectorResult), when they were given.
     inspector: Any = None
+
+
+def lighten(result: RankResult) -> RankResult:
+    """What the reduce keeps of a rank once its rows have gone to a side output (the streaming
+    reduce, issue 30): its metrics, clock, collective calls (``instances``), per-step scalars,
+    collectives, peers and GPU→CPU offenders; not its steps' phases, its collectives per step or
+    its timeline lanes, which the reduce never reads (a report reloads them for its worst ranks)."""
+    steps = [{k: v for k, v in step.items() if k != "phases"} for step in result.steps]
+    by_type = {**result.collectives_by_type, "steps": []} if result.collectives_by_type else {}
+    return replace(result, steps=steps, collectives_by_type=by_type, timeline={})
 
 
 def analyse_run(

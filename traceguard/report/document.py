@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import polars as pl
 
 from traceguard import __version__
 from traceguard.checks.profiles import Profile
@@ -19,63 +18,25 @@ from traceguard.ingest.sides import SideData
 from traceguard.metrics.link_counters import LINK_RANK_METRICS
 from traceguard.metrics.run import RunResult
 from traceguard.metrics.transport import nccl_document
-from traceguard.metrics.workloads import empty as workload_entry
 from traceguard.metrics.workloads import run_workload
-from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
+from traceguard.report import summary
+from traceguard.report.detail import Detail
+from traceguard.report.entries import (  # noqa: F401  (re-exported: the report's field lists)
+    _STEP_KEYS,
+    CONTRACT_METRICS,
+    EXTRA_METRICS,
+    NO_RANKS,
+    RANK_ONLY,
+    STEP_FIELDS,
+    _collectives,
+    _metrics,
+    rank_entry,
+)
 from traceguard.report.inspector import inspector_document
 
-SCHEMA_VERSION = "1"
-#: Metric names every ``metrics`` object carries (issue contract), in this order.
-CONTRACT_METRICS = (
-    "gpu_ops",
-    "gpu_to_cpu_copies",
-    "gpu_to_cpu_bytes",
-    "gpu_to_cpu_copy_rate",
-    "dtod_copies",
-    "dtod_bytes",
-    "dtod_bytes_per_step",
-    "peer_copies",
-    "peer_bytes",
-    "nccl_kernels",
-    "nccl_time_ns",
-    "nccl_exposed_ns",
-    "nccl_share_of_step",
-    "straggler_spread",
-    "step_count",
-)
-EXTRA_METRICS = (
-    "gpu_span_ns",
-    "nccl_step_ns",
-    "allreduce_bytes_per_step",
-    "gradient_reduction_bytes_per_step",
-    "gradient_reduction_collective",
-    "dtod_to_gradient_ratio",
-    "host_device_bytes",
-    "pageable_host_bytes",
-    "pageable_host_share",
-    # Evidence the checks' floors read (DESIGN.md, "Minimum evidence").
-    "host_device_copies",
-    "host_device_bytes_per_step",
-    "pageable_host_bytes_per_step",
-    "gpu_to_cpu_copies_per_step",
-    # Small collectives (metrics.small_collectives) and their rule's evidence.
-    "collective_calls_sized",
-    "collective_calls_per_step",
-    "small_collective_calls",
-    "small_collective_ns",
-    "sized_collective_ns",
-    "small_collective_share",
-    "small_collective_time_share",
-    "small_collectives_per_step",
-    # Who waited for whom (metrics.waits; docs/collectives.md).
-    "nccl_wait_ns",
-    "nccl_transfer_ns",
-    "nccl_wait_share",
-    "collective_instances_matched",
-)
-#: Rank-only: how often the rank arrived last at a matched collective, and how late; the link
-#: counters of its GPU over its NCCL kernels (metrics.link_counters, docs/links.md).
-RANK_ONLY = ("last_arrivals", *LINK_RANK_METRICS)
+#: 2: ``detail`` (full or by summary, issue 30); a summary adds ``rank_summary``, ``rank_steps`` and
+#: ``worst_steps`` and keeps only its worst ranks whole. A full report is version 1's plus ``detail``.
+SCHEMA_VERSION = "2"
 RUN_ONLY = (
     "ranks",
     "distinct_gpu_models",
@@ -93,21 +54,6 @@ RUN_ONLY = (
     # Where the wait split and the bandwidth came from when NCCL Inspector logs were given (pipeline).
     "wait_source",
     "utilization_source",
-)
-STEP_FIELDS = (
-    "name",
-    "index",
-    "cpu_ns",
-    "gpu_span_ns",
-    "nccl_ns",
-    "nccl_share",
-    "dtod_bytes",
-    "dtod_copies",
-    "peer_bytes",
-    "peer_copies",
-    *WAIT_STEP_FIELDS,
-    *LINK_STEP_FIELDS,
-    "phases",
 )
 LINK_METRICS = (
     "transport_fallback_pairs",
@@ -134,10 +80,6 @@ _STRICT = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
-
-
-#: A report step row's keys, in order.
-_STEP_KEYS = (*STEP_FIELDS, "graph_ns")
 
 
 def _json_safe(doc: dict[str, Any]) -> dict[str, Any]:
@@ -231,25 +173,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _metrics(values: dict[str, Any], null_reasons: dict[str, str], keys: tuple[str, ...]) -> dict[str, Any]:
-    out = {k: values.get(k) for k in keys}
-    out["null_reasons"] = {k: null_reasons[k] for k in keys if out.get(k) is None and k in null_reasons}
-    return out
-
-
-#: Why a peer matrix is empty when no rank was analysed.
-NO_RANKS = "no rank was analysed"
-
-
-def _by_type(doc: dict[str, Any]) -> dict[str, Any]:
-    """``ranks[].collectives_by_type``: totals over the window, rows per step, null reasons."""
-    return {"totals": doc.get("totals", []), "steps": doc.get("steps", []), "null_reasons": doc.get("null_reasons", {})}
-
-
-def _collectives(frame: pl.DataFrame) -> list[dict[str, Any]]:
-    return frame.to_dicts() if frame.height else []
-
-
 def _with_wait_lane(timeline: dict[str, Any], result: RunResult | None, rank: int) -> dict[str, Any]:
     """The rank's timeline with ``wait_lane``: its matched NCCL kernels split at the last member's
     arrival, ns from ``origin_ns`` like the lanes ({"start", "split", "end"}), or {"null_reason"}."""
@@ -273,8 +196,27 @@ def build(
     profile: Profile,
     *,
     side: SideData | None = None,
+    detail: Detail | None = None,
 ) -> dict[str, Any]:
+    """The report document; by summary when ``detail.mode`` says so (:mod:`traceguard.report.summary`):
+    then ``ranks``, ``timeline`` and ``run.collectives`` hold only the chosen ranks, reloaded whole
+    from the side output, and the peer rows and straggler steps only the worst."""
+    detail = detail or Detail()
+    by_summary = detail.mode == "summary" and result is not None and detail.folder is not None
     ranks = result.ranks if result else []
+    chosen: dict[int, list[str]] = {}
+    if by_summary:
+        assert result is not None and detail.folder is not None
+        chosen = summary.chosen_ranks(result, checks)
+        rows = summary.reload(detail.folder, list(chosen))
+        ranks = [summary.restored(r, rows[r.rank]) for r in ranks if r.rank in chosen]
+    peer_matrix = (result.peer_matrix if result else None) or {"rows": [], "null_reason": NO_RANKS}
+    straggler_steps = result.straggler_steps if result else []
+    if by_summary:
+        peer_rows = peer_matrix.get("rows", [])
+        worst = sorted(peer_rows, key=lambda row: (-(row.get("time_ns") or 0), row["rank"], row["peer"]))
+        peer_matrix = {**peer_matrix, "rows": worst[: summary.WORST_ROWS], "rows_total": len(peer_rows)}
+        straggler_steps = straggler_steps[: summary.WORST_ROWS]
     input_of_rank: dict[int, str] = {r: i.path for i in inputs for r in i.ranks}
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -307,7 +249,7 @@ def build(
             },
             "collectives": [row for r in ranks for row in _collectives(r.collectives)],
             "collectives_by_type": result.collectives_by_type if result else [],
-            "peer_matrix": (result.peer_matrix if result else None) or {"rows": [], "null_reason": NO_RANKS},
+            "peer_matrix": peer_matrix,
             "workload": (result.workload if result else None) or run_workload([]),
             "clock_alignment": result.waits.clock_alignment if result and result.waits else None,
             "late_rank": result.waits.late if result and result.waits else None,
@@ -320,33 +262,10 @@ def build(
                     "median_gpu_span_ns": s.median_ns,
                     "spread": s.spread,
                 }
-                for s in (result.straggler_steps if result else [])
+                for s in straggler_steps
             ],
         },
-        "ranks": [
-            {
-                "rank": r.rank,
-                "step_source": r.step_source,
-                "step_detail": r.step_detail,
-                "input": input_of_rank.get(r.rank),
-                "gpu_models": r.gpu_models,
-                "metrics": _metrics(r.metrics, r.null_reasons, CONTRACT_METRICS + EXTRA_METRICS + RANK_ONLY),
-                # graph_ns: GPU time in CUDA graph executions (metrics.graphs); zip of map, not a
-                # dict comprehension: 68 k steps in 0.18 s, not 0.29 s.
-                "steps": [
-                    dict(zip(_STEP_KEYS, [*map(s.get, STEP_FIELDS), s.get("graph_ns", 0)], strict=True))
-                    for s in r.steps
-                ],
-                "collectives": _collectives(r.collectives),
-                "collectives_by_type": _by_type(r.collectives_by_type),
-                "small_collectives": r.small_collectives or None,
-                "peers": r.peers or {"rows": [], "null_reason": NO_RANKS},
-                "workload": r.workload or workload_entry(),
-                "gpu_to_cpu_offenders": r.gpu_to_cpu_offenders,
-                "links": r.link_counters or {"null_reason": "not analysed"},
-            }
-            for r in ranks
-        ],
+        "ranks": [rank_entry(r, input_of_rank.get(r.rank)) for r in ranks],
         "checks": [c.to_dict() for c in checks],
         "timeline": {
             "unit": "ns",
@@ -360,5 +279,16 @@ def build(
             "nvlink_pairs": sorted(sorted(p) for p in side.nvlink_pairs) if side and side.nvlink_pairs else None,
             "collective_benchmark": side.nccl_tests.to_dicts() if side and side.nccl_tests is not None else [],
         },
+        "detail": {
+            "mode": "summary" if by_summary else "full",
+            "folder": str(detail.folder) if detail.folder is not None else None,
+            "tables": detail.tables or {},
+        },
     }
+    if by_summary and result is not None:
+        doc["rank_summary"] = summary.rank_summary(
+            result, chosen, (*CONTRACT_METRICS, *EXTRA_METRICS, *LINK_RANK_METRICS)
+        )
+        doc["rank_steps"] = summary.rank_steps(result)
+        doc["worst_steps"] = summary.worst_steps(result.ranks)
     return _json_safe(doc)

@@ -18,6 +18,7 @@ from traceguard.checks.rules import format_value
 from traceguard.report.inspector import inspector_html
 from traceguard.report.link_charts import section as links_section
 from traceguard.report.nccl import pair_transports, transport_order
+from traceguard.report.overview import html_section as overview_section
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.timeline import timeline_figure
@@ -346,7 +347,9 @@ def render(
             f"<td><span class='status' style='background:{colour}'>{_e(c['status'])}</span></td>"
             f"<td>{_e(format_value(c['value'], c.get('unit')))}</td><td>{detail}</td></tr>"
         )
-    parts.append("</table><h2>Charts</h2>")
+    parts.append("</table>")
+    parts.append(overview_section(doc))
+    parts.append("<h2>Charts</h2>")
     for fig_id, fig in (
         ("step-breakdown", step_breakdown_figure(doc)),
         ("step-time", step_time_figure(doc)),

@@ -6,6 +6,7 @@ from typing import Any
 
 from traceguard.report.inspector import inspector_section
 from traceguard.report.links import markdown_section as links_section
+from traceguard.report.overview import markdown_section as overview_section
 from traceguard.report.sizes import REGIMES, bands, size_rows, small_bytes
 from traceguard.report.steps import step_sources_line
 from traceguard.report.tables import table
@@ -255,6 +256,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += collectives_section(doc)
     lines += workload_section(doc)
     lines += sizes_section(doc)
+    lines += overview_section(doc)
     for rank in doc["ranks"]:
         lines += ["", f"## Rank {rank['rank']}", ""]
         if rank["steps"]:
