@@ -410,6 +410,12 @@ class LinkTables(BaseModel):
     link_steps: list[StepLinkRow] = Field(
         default_factory=list, description="per rank and step: PCIe and NVLink load over the step and its NCCL kernels"
     )
+    from_rank: int | None = Field(
+        default=None, description="the first rank of this page of ranks (null when one rank was asked for)"
+    )
+    next_from_rank: int | None = Field(
+        default=None, description="where the next page of ranks starts; null on the last page or for one rank"
+    )
 
 
 class InspectorWindowRow(BaseModel):

@@ -458,9 +458,20 @@ def get_compare(
     return Comparison(base=base, head=head, profile=chosen, **compare(base_doc, head_doc))
 
 
+#: Ranks per page of the links query, by default and at most.
+LINK_PAGE_RANKS = 256
+LINK_PAGE_MAX = 1024
+
+
 @router.get("/runs/{run_id}/links", responses=ERRORS)
 def get_links(
-    run_id: int, who: Reader, session: SessionDep, rank: int | None = None, collective: CollectiveQuery = None
+    run_id: int,
+    who: Reader,
+    session: SessionDep,
+    rank: int | None = None,
+    collective: CollectiveQuery = None,
+    from_rank: Annotated[int, Query(ge=0, description="the first rank of the page")] = 0,
+    ranks: Annotated[int, Query(ge=1, le=LINK_PAGE_MAX, description="ranks per page")] = LINK_PAGE_RANKS,
 ) -> LinkTables:
     """Collective statistics per rank and message size (latency, algbw/busbw), collectives by type
     (window totals per rank), the point-to-point rank × peer matrix, and the NCCL transport map
@@ -469,12 +480,18 @@ def get_links(
     arrivals and clock, and the run's late rank (docs/collectives.md); the link counters (nsys GPU
     metrics): per rank its PCIe and NVLink load during its NCCL kernels and where NCCL's bytes went,
     per step its PCIe and NVLink load. ``collective`` keeps that type's rows (and the peer matrix
-    only for a point-to-point type)."""
+    only for a point-to-point type).
+
+    A run of many ranks comes in pages of ranks: every per-rank table holds the ranks
+    ``from_rank`` to ``from_rank + ranks - 1`` (the NCCL connections those ranks logged), and
+    ``next_from_rank`` is where the next page starts (null on the last); ``rank`` asks for one rank
+    instead. ``late_rank`` is the run's whichever page is asked for."""
     run = _visible(session, who.project_id, run_id)
     collective = check_collective(collective)
     peers_wanted = collective is None or collective in ("SendRecv", "Send", "Recv")
-    links = results.connections(session, run.id)
-    ranks = results.rank_results(session, run.id)  # the late rank is the run's, whichever rank is asked for
+    page = (from_rank, ranks)
+    links = results.connections(session, run.id, page=None if rank is not None else page)
+    rows = results.rank_results(session, run.id, rank, page)
     matrix: dict[str, dict[str, str]] = {}
     for (rank_, peer), kinds in pair_transports((c.rank, c.peer, c.transport) for c in links).items():
         matrix.setdefault(str(rank_), {})[str(peer)] = kinds
@@ -482,18 +499,23 @@ def get_links(
         run_id=run.id,
         collectives=[
             CollectiveRow.model_validate(c, from_attributes=True)
-            for c in results.collectives(session, run.id, rank, collective)
+            for c in results.collectives(session, run.id, rank, collective, page)
         ],
         collectives_by_type=[
-            collective_type_row(c) for c in results.collective_types(session, run.id, rank=rank, collective=collective)
+            collective_type_row(c)
+            for c in results.collective_types(session, run.id, rank=rank, collective=collective, page=page)
         ],
-        peers=[peer_row(p) for p in results.peer_traffic(session, run.id, rank)] if peers_wanted else [],
+        peers=[peer_row(p) for p in results.peer_traffic(session, run.id, rank, page)] if peers_wanted else [],
         connections=[ConnectionRow.model_validate(c, from_attributes=True) for c in links],
         transport_matrix=matrix,
-        waits=[rank_wait_row(r) for r in ranks if rank is None or r.rank == rank],
-        late_rank=next((r.rank for r in ranks if r.is_late_rank), None),
-        link_counters=[rank_link_row(r) for r in ranks if rank is None or r.rank == rank],
-        link_steps=[step_link_row(s) for s in results.query_steps(session, run.id, rank=rank, limit=results.MAX_ROWS)],
+        waits=[rank_wait_row(r) for r in rows],
+        late_rank=results.late_rank(session, run.id),
+        link_counters=[rank_link_row(r) for r in rows],
+        link_steps=[
+            step_link_row(s) for s in results.query_steps(session, run.id, rank=rank, limit=results.MAX_ROWS, page=page)
+        ],
+        from_rank=None if rank is not None else from_rank,
+        next_from_rank=None if rank is not None else results.next_page(session, run.id, page),
     )
 
 

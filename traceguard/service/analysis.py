@@ -63,6 +63,9 @@ class _Spec:
     scheduler: str | None
     jobs: int | None
     progress: str
+    #: Where a report by summary writes its side output (traceguard.report.detail), read back into
+    #: the store's tables before the job's folder is removed.
+    detail_dir: str
 
 
 def _layout(
@@ -92,6 +95,7 @@ def _layout(
         settings.dask_scheduler,
         settings.analysis_jobs,
         str(progress),
+        str(job_dir.parent / "detail"),
     )
 
 
@@ -251,7 +255,26 @@ def run_analysis(
         raise AnalysisFailed(error.get("code", "analysis_error"), message.replace(f"{work_dir / 'inputs'}/", ""))
     doc = payload["report"]
     inputs_dir = work_dir / "inputs"
+    if (doc.get("detail") or {}).get("folder"):
+        doc["detail"]["folder"] = None  # a scratch path: the rows go to the store's tables
     return _public_names(doc, inputs_dir, files), _resolved_ranks(doc, inputs_dir)
+
+
+def detail_folder(work_dir: Path) -> Path | None:
+    """The side output a report by summary left in ``work_dir`` (None for a full report)."""
+    folder = work_dir / "detail"
+    return folder if folder.is_dir() else None
+
+
+def input_names(work_dir: Path, files: list[File]) -> dict[str, str]:
+    """Scratch path of each input → the name the report gives it (:func:`_public_names`)."""
+    counts: dict[str, int] = {}
+    for f in files:
+        counts[f.name] = counts.get(f.name, 0) + 1
+    return {
+        str(work_dir / "inputs" / str(f.id) / f.name): (f.name if counts[f.name] == 1 else f"{f.id}/{f.name}")
+        for f in files
+    }
 
 
 def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] | None = None) -> str:
@@ -281,6 +304,27 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
             return jobs.progress(session, job_id, worker, done, total)
 
     try:
+        return _execute(
+            ctx, job_id, worker, work_dir, files, profile, run_id, step_patterns, heartbeat, on_progress, stop
+        )
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _execute(
+    ctx: Context,
+    job_id: int,
+    worker: str,
+    work_dir: Path,
+    files: list[File],
+    profile: str,
+    run_id: int,
+    step_patterns: list[str],
+    heartbeat: Callable[[], bool],
+    on_progress: Callable[[int, int], bool],
+    stop: Callable[[], bool] | None,
+) -> str:
+    try:
         if not files:
             raise AnalysisFailed("no_files", "the run has no files to analyse")
         if not on_progress(0, captures(files)):
@@ -307,8 +351,6 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
                 return "lost"
             jobs.fail(session, job, code=exc.code, message=exc.message)
         return "failed"
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
     with transaction(ctx.factory) as session:
         job = jobs.hold(session, job_id, worker)
         if job is None:  # another worker took it over; its outcome is the one recorded
@@ -319,7 +361,16 @@ def execute(ctx: Context, job_id: int, worker: str, *, stop: Callable[[], bool] 
         files = run_files(session, run_id)
         results.save_report(session, run_id=run_id, job_id=job_id, input_key=job.input_key, doc=doc)
         if job.profile == run.profile and job.input_key == input_key(files):
-            results.save_results(session, run, job, doc, files, resolved)
+            results.save_results(
+                session,
+                run,
+                job,
+                doc,
+                files,
+                resolved,
+                detail_folder=detail_folder(work_dir),
+                input_names=input_names(work_dir, files),
+            )
         if job.ranks_total is not None:
             job.ranks_done = job.ranks_total  # every capture analysed, reported or not
         jobs.finish(session, job, verdict=doc["verdict"])

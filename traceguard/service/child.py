@@ -110,6 +110,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             scheduler=spec.get("scheduler"),
             jobs=spec.get("jobs"),
             on_ranks=_progress_writer(spec.get("progress")),
+            detail_default_dir=Path(spec["detail_dir"]) if spec.get("detail_dir") else None,
         )
         return {"report": analysis.report}
     except TraceguardError as exc:

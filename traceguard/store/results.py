@@ -3,7 +3,9 @@ queries the API serves from them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Select, delete, select
@@ -11,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from traceguard.errors import InputError
+from traceguard.report.detail import rank_entries
 from traceguard.report.fields import LINK_RANK_FIELDS, LINK_SPLIT_COLUMNS, LINK_STEP_FIELDS, WAIT_STEP_FIELDS
 from traceguard.store.runs import with_labels
 from traceguard.store.tables import (
@@ -40,6 +43,8 @@ RESULT_TABLES = (
     CheckResult,
 )
 MAX_ROWS = 10_000
+#: Ranks of a side output read and written at a time (save_results).
+RANK_BATCH = 64
 #: Step columns of who waited for whom (docs/collectives.md), as the report's step rows name them.
 WAIT_STEP_COLUMNS = WAIT_STEP_FIELDS
 #: Step columns of the link counters (nsys GPU metrics), as the report's step rows name them.
@@ -106,21 +111,57 @@ def latest_report(session: Session, run: Run) -> Report | None:
 
 
 def save_results(
-    session: Session, run: Run, job: Job, doc: dict[str, Any], files: list[File], resolved: dict[int, int | None]
+    session: Session,
+    run: Run,
+    job: Job,
+    doc: dict[str, Any],
+    files: list[File],
+    resolved: dict[int, int | None],
+    *,
+    detail_folder: Path | None = None,
+    input_names: dict[str, str] | None = None,
 ) -> None:
     """Replace the run's result rows by those of ``doc`` (one transaction with the caller's);
     ``resolved`` maps file ids to the rank the analysis gave them. The Inspector time windows are
-    merged instead (:func:`merge_inspector_windows`): a long job's trend only grows."""
+    merged instead (:func:`merge_inspector_windows`): a long job's trend only grows.
+
+    A report by summary keeps only its worst ranks: every rank's rows then come from its side
+    output ``detail_folder`` (traceguard.report.detail), :data:`RANK_BATCH` ranks at a time, each
+    batch flushed before the next is read; ``input_names`` renames their inputs as the report
+    names them (the service's scratch paths → uploaded names)."""
     for table in RESULT_TABLES:
         session.execute(delete(table).where(table.run_id == run.id))
     for file in files:
         if file.id in resolved:
             file.resolved_rank = resolved[file.id]
-    rows: list[Any] = []
     summary = doc.get("run") or {}
     clocks = {c["rank"]: c for c in (summary.get("clock_alignment") or {}).get("ranks") or []}
     late_rank = (summary.get("metrics") or {}).get("late_rank")
-    for rank in doc.get("ranks", []):
+    if (doc.get("detail") or {}).get("mode") == "summary":
+        if detail_folder is None or not Path(detail_folder).is_dir():
+            raise InputError(
+                "this report is a summary: its ranks' rows are in its side output, which was not given",
+                hint="store a summary together with the folder its analysis wrote (--detail-out)",
+            )
+        batches: Iterable[list[dict[str, Any]]] = rank_entries(Path(detail_folder), batch=RANK_BATCH)
+    else:
+        batches = [doc.get("ranks", [])]
+    for batch in batches:
+        if input_names:
+            batch = [{**r, "input": input_names.get(r.get("input") or "", r.get("input"))} for r in batch]
+        session.add_all(_rank_rows(run, job, batch, clocks, late_rank))
+        session.flush()
+    rows: list[Any] = []
+    _save_run_rows(session, run, doc, rows)
+    session.add_all(rows)
+
+
+def _rank_rows(
+    run: Run, job: Job, ranks: Iterable[dict[str, Any]], clocks: dict[int, Any], late_rank: int | None
+) -> list[Any]:
+    """The rank, step, phase, collective and peer rows of the report's rank entries."""
+    rows: list[Any] = []
+    for rank in ranks:
         metrics = rank["metrics"]
         arrivals = metrics.get("last_arrivals") or {}
         clock = clocks.get(rank["rank"], {})
@@ -232,6 +273,11 @@ def save_results(
                     source=row["source"],
                 )
             )
+    return rows
+
+
+def _save_run_rows(session: Session, run: Run, doc: dict[str, Any], rows: list[Any]) -> None:
+    """The run-wide rows: NCCL connections, Inspector windows (merged), check results."""
     for conn in (doc.get("nccl") or {}).get("connections", []):
         rows.append(
             Connection(
@@ -263,7 +309,6 @@ def save_results(
                 evidence=check.get("evidence") or [],
             )
         )
-    session.add_all(rows)
 
 
 def _window_values(window: dict[str, Any], window_s: int) -> dict[str, Any]:
@@ -333,6 +378,7 @@ def query_steps(
     collective: str | None = None,
     limit: int = 1000,
     offset: int = 0,
+    page: RankPage | None = None,
 ) -> list[Step]:
     """Steps of the run in (rank, step index) order; ``from_step``/``to_step`` are inclusive step
     indexes (time order within each rank, from 0); ``collective``: only steps that ran it."""
@@ -345,8 +391,7 @@ def query_steps(
             CollectiveType.collective == collective,
         )
         query = query.where(ran.exists())
-    if rank is not None:
-        query = query.where(Step.rank == rank)
+    query = _in_ranks(query, Step.rank, rank, page)
     if from_step is not None:
         query = query.where(Step.step_index >= from_step)
     if to_step is not None:
@@ -398,12 +443,40 @@ def query_phases(
     return [(p, r) for p, r in session.execute(_page(query, limit, offset)).all()]
 
 
-def collectives(
-    session: Session, run_id: int, rank: int | None = None, collective: str | None = None
-) -> list[Collective]:
-    query = select(Collective).where(Collective.run_id == run_id)
+#: A page of ranks: (first rank, how many ranks); the links query's pages (issue 30).
+RankPage = tuple[int, int]
+
+
+def _in_ranks(query: Select[Any], column: Any, rank: int | None, page: RankPage | None) -> Select[Any]:
+    """``query`` kept to ``rank``, else to the ranks of ``page`` (an indexed range on ``column``)."""
     if rank is not None:
-        query = query.where(Collective.rank == rank)
+        return query.where(column == rank)
+    if page is not None:
+        first, count = page
+        return query.where(column >= first, column < first + count)
+    return query
+
+
+def next_page(session: Session, run_id: int, page: RankPage) -> int | None:
+    """The first rank of the page after ``page``, or None when no stored rank lies beyond it."""
+    beyond = select(RankResult.rank).where(RankResult.run_id == run_id, RankResult.rank >= page[0] + page[1]).limit(1)
+    return page[0] + page[1] if session.scalar(beyond) is not None else None
+
+
+def late_rank(session: Session, run_id: int) -> int | None:
+    """The run's late rank as stored (whichever page of ranks is asked for)."""
+    query = select(RankResult.rank).where(RankResult.run_id == run_id, RankResult.is_late_rank.is_(True)).limit(1)
+    return session.scalar(query)
+
+
+def collectives(
+    session: Session,
+    run_id: int,
+    rank: int | None = None,
+    collective: str | None = None,
+    page: RankPage | None = None,
+) -> list[Collective]:
+    query = _in_ranks(select(Collective).where(Collective.run_id == run_id), Collective.rank, rank, page)
     if collective is not None:
         query = query.where(Collective.collective == collective)
     return list(session.scalars(query.order_by(Collective.rank, Collective.id)))
@@ -416,12 +489,11 @@ def collective_types(
     rank: int | None = None,
     collective: str | None = None,
     steps: list[Step] | None = None,
+    page: RankPage | None = None,
 ) -> list[CollectiveType]:
     """Collectives-by-type rows: with ``steps``, the rows of those steps; otherwise the ranks'
     window totals (``step_index`` null)."""
-    query = select(CollectiveType).where(CollectiveType.run_id == run_id)
-    if rank is not None:
-        query = query.where(CollectiveType.rank == rank)
+    query = _in_ranks(select(CollectiveType).where(CollectiveType.run_id == run_id), CollectiveType.rank, rank, page)
     if collective is not None:
         query = query.where(CollectiveType.collective == collective)
     if steps is None:
@@ -443,23 +515,24 @@ def inspector_windows(session: Session, run_id: int) -> list[InspectorWindow]:
     return list(session.scalars(query))
 
 
-def rank_results(session: Session, run_id: int, rank: int | None = None) -> list[RankResult]:
+def rank_results(
+    session: Session, run_id: int, rank: int | None = None, page: RankPage | None = None
+) -> list[RankResult]:
     """The ranks' headline rows of the latest analysis (the wait / transfer split and clock included)."""
-    query = select(RankResult).where(RankResult.run_id == run_id)
-    if rank is not None:
-        query = query.where(RankResult.rank == rank)
+    query = _in_ranks(select(RankResult).where(RankResult.run_id == run_id), RankResult.rank, rank, page)
     return list(session.scalars(query.order_by(RankResult.rank)))
 
 
-def peer_traffic(session: Session, run_id: int, rank: int | None = None) -> list[PeerTraffic]:
-    query = select(PeerTraffic).where(PeerTraffic.run_id == run_id)
-    if rank is not None:
-        query = query.where(PeerTraffic.rank == rank)
+def peer_traffic(
+    session: Session, run_id: int, rank: int | None = None, page: RankPage | None = None
+) -> list[PeerTraffic]:
+    query = _in_ranks(select(PeerTraffic).where(PeerTraffic.run_id == run_id), PeerTraffic.rank, rank, page)
     return list(session.scalars(query.order_by(PeerTraffic.rank, PeerTraffic.peer)))
 
 
-def connections(session: Session, run_id: int) -> list[Connection]:
-    return list(session.scalars(select(Connection).where(Connection.run_id == run_id).order_by(Connection.id)))
+def connections(session: Session, run_id: int, page: RankPage | None = None) -> list[Connection]:
+    query = _in_ranks(select(Connection).where(Connection.run_id == run_id), Connection.rank, None, page)
+    return list(session.scalars(query.order_by(Connection.id)))
 
 
 def check_results(session: Session, run_id: int) -> list[CheckResult]:

@@ -209,6 +209,7 @@ class RankResult(Base):
     """Per-rank headline metrics of the latest analysis (all of them in ``metrics``)."""
 
     __tablename__ = "rank_results"
+    __table_args__ = (Index("ix_rank_results_run_rank", "run_id", "rank"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
@@ -336,6 +337,7 @@ class Collective(Base):
     (``kernel``, a lower bound: it includes waiting for the last rank)."""
 
     __tablename__ = "collectives"
+    __table_args__ = (Index("ix_collectives_run_rank", "run_id", "rank"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
@@ -410,6 +412,7 @@ class PeerTraffic(Base):
     ``bytes`` their message sizes, ``source`` what named the peer (metrics/collectives.py)."""
 
     __tablename__ = "peer_traffic"
+    __table_args__ = (Index("ix_peer_traffic_run_rank", "run_id", "rank"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
@@ -426,6 +429,7 @@ class Connection(Base):
     """One NCCL channel connection from the NCCL_DEBUG logs (the transport map)."""
 
     __tablename__ = "connections"
+    __table_args__ = (Index("ix_connections_run_rank", "run_id", "rank"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     comm: Mapped[str | None] = mapped_column(String(64), nullable=True)
