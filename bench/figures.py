@@ -2,9 +2,10 @@
 
 A figure in the prose sits between markers, ``<!-- figure:NAME -->...<!-- /figure -->``; this
 script rewrites what is between them from ``bench/results.json`` (``run_bench.py``),
-``bench/larger_than_memory.json`` and ``bench/scale_out.json``, each figure with the date and the
-commit its run measured, so a reader can tell a current figure from an old one. A figure measured
-by hand (no results file) says its date and commit in the text instead. ::
+``bench/larger_than_memory.json``, ``bench/scale_out.json`` and ``bench/many_ranks.json``, each
+figure with the date and the commit its run measured, so a reader can tell a current figure from
+an old one. A figure measured by hand (no results file) says its date and commit in the text
+instead. ::
 
     python bench/figures.py           # rewrite the figures in README.md and docs/*.md
     python bench/figures.py --check   # exit 1 (listing them) where a figure is not what the files say
@@ -99,6 +100,50 @@ def result_size() -> str:
     return f"{size:.2f} MB a rank at {kernels:.2f} M kernels"
 
 
+def many_ranks() -> str:
+    """The largest run of many_ranks.py by summary on the local pool, beside its full report."""
+    doc = _load("many_ranks.json")
+    run = max(doc["runs"], key=lambda r: r["manifest"]["ranks"])
+    ok = [c for c in run["cases"].get("summary_local", []) if c.get("rc") == 0]
+    full = [c for c in run["cases"].get("full_local", []) if c.get("rc") == 0]
+    if not ok:
+        return f"no successful summary case ({_provenance('MANY_RANKS.md', doc['machine'])})"
+    best = min(ok, key=lambda c: c["wall_s"])
+    manifest = run["manifest"]
+    text = (
+        f"{manifest['ranks']:,} ranks × {manifest['kernels_per_rank']:,} kernels by summary in {best['wall_s']:.0f} s, "
+        f"the client's peak {max(c['client_peak_mb'] for c in ok):,.0f} MB, a {best['json_bytes'] / 1e6:.1f} MB JSON "
+        f"report and {best['parquet_bytes'] / 1e6:.1f} MB of Parquet"
+    )
+    if full:
+        text += (
+            f" (the full report of the same run: {max(c['client_peak_mb'] for c in full):,.0f} MB, "
+            f"{max(c['json_bytes'] for c in full) / 1e6:.0f} MB of JSON)"
+        )
+    return f"{text} ({_provenance('MANY_RANKS.md', doc['machine'])})"
+
+
+def many_ranks_paper() -> str:
+    """many_ranks.py's arithmetic: 1,024 ranks of 0.2 / 1 / 5 GB by summary, beside scale_out.json's."""
+    doc = _load("many_ranks.json")
+    rows = (doc.get("paper") or {}).get("rows") or []
+    if not rows:
+        return f"not computed ({_provenance('MANY_RANKS.md', doc['machine'])})"
+
+    def sizes(key: str, scale: float, unit: str) -> str:
+        values = [row[key] for row in rows]
+        if any(v is None for v in values):
+            return "—"
+        return " / ".join(f"{v / scale:,.1f}" for v in values) + f" {unit}"
+
+    files = " / ".join(f"{row['rank_bytes'] / 1e9:g}" for row in rows)
+    return (
+        f"1,024 ranks of {files} GB by summary: the client {sizes('client_mb', 1e3, 'GB')}, the JSON report "
+        f"{sizes('json_mb', 1, 'MB')} (every rank's rows in both, before: {sizes('before_client_mb', 1e3, 'GB')} "
+        f"and {sizes('before_json_mb', 1e3, 'GB')}; {_provenance('MANY_RANKS.md', doc['machine'])})"
+    )
+
+
 def larger_than_memory_provenance() -> str:
     return _provenance("LARGER_THAN_MEMORY.md", _load("larger_than_memory.json")["machine"])
 
@@ -116,6 +161,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "bench_100m": bench_100m,
     "sliced_peak": sliced_peak,
     "scale_out": scale_out,
+    "many_ranks": many_ranks,
+    "many_ranks_paper": many_ranks_paper,
     "result_size": result_size,
     "larger_than_memory_provenance": larger_than_memory_provenance,
     "scale_out_provenance": scale_out_provenance,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -364,3 +365,24 @@ def test_the_side_output_keeps_only_the_rows_the_report_uses(
     assert tables["timelines"]["rows"] == len(full["timeline"]["ranks"])
     kept = {r["rank"]: r for r in summary.report["ranks"]}
     assert kept and all(kept[rank] == r for r in full["ranks"] if (rank := r["rank"]) in kept)
+
+
+def test_side_output_parts_share_one_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose steps have link counters (nsys GPU metrics) and one whose steps have none
+    (a Kineto trace), each in a part of its own: the parts are given one schema, so the folder
+    reads as one table with plain ``scan_parquet`` and gives back both ranks exactly."""
+    from traceguard.report import detail
+    from traceguard.report.detail import TABLES, rank_entries
+
+    monkeypatch.setattr(detail, "PART_RANKS", 1)
+    inputs = [f"{OWN / 'h200x2_links' / 'p2p' / 'cap_0.sqlite.gz'}:0", f"{TORCH[1]}:1"]
+    full = pipeline.analyze(inputs, scheduler="serial", detail="full").report
+    pipeline.analyze(inputs, scheduler="serial", detail="summary", detail_dir=tmp_path / "d")
+    for table in TABLES:
+        files = sorted((tmp_path / "d" / table).glob("*.parquet"))
+        assert len({tuple(pl.read_parquet_schema(f).items()) for f in files}) <= 1, table
+    steps = pl.scan_parquet(tmp_path / "d" / "steps" / "*.parquet").collect()
+    assert sorted(set(steps["rank"])) == [0, 1]
+    assert steps.filter(pl.col("rank") == 0)["nvlink_avg_pct"].is_not_null().any()
+    assert steps.filter(pl.col("rank") == 1)["nvlink_avg_pct"].is_null().all()
+    assert [e for batch in rank_entries(tmp_path / "d") for e in batch] == full["ranks"]

@@ -186,8 +186,21 @@ class Analysis:
             report = orjson.loads(Path(report).read_bytes())
         return cls(report=report)
 
+    @cached_property
+    def ranks(self) -> list[dict[str, Any]]:
+        """Every rank's report entry: the report's ``ranks``, or for a report by summary (issue 30)
+        every rank read back from its Parquet side output (``detail.folder``) while that exists;
+        the frames below are built from these."""
+        from traceguard.report.detail import rank_entries
+
+        detail = self.report.get("detail") or {}
+        folder = Path(detail["folder"]) if detail.get("mode") == "summary" and detail.get("folder") else None
+        if folder is None or not folder.is_dir():
+            return list(self.report["ranks"])
+        return [entry for batch in rank_entries(folder) for entry in batch]
+
     def __repr__(self) -> str:
-        ranks = len(self.report["ranks"])
+        ranks = (self.report.get("rank_summary") or {}).get("ranks", len(self.report["ranks"]))
         return f"<traceguard.Analysis verdict={self.verdict} ranks={ranks} profile={self.report['profile']['name']}>"
 
     @property
@@ -210,7 +223,7 @@ class Analysis:
         """
         rows = [
             {**step, "rank": rank["rank"], "step_index": step["index"]}
-            for rank in self.report["ranks"]
+            for rank in self.ranks
             for step in rank["steps"]
         ]
         return _frame(rows, STEP_SCHEMA)
@@ -227,7 +240,7 @@ class Analysis:
         late = (self.report["run"].get("metrics") or {}).get("late_rank")
         clocks = {c["rank"]: c for c in (self.clock_alignment or {}).get("ranks") or []}
         rows = []
-        for rank in self.report["ranks"]:
+        for rank in self.ranks:
             metrics = rank["metrics"]
             arrivals = metrics.get("last_arrivals") or {}
             clock = clocks.get(rank["rank"], {})
@@ -284,7 +297,7 @@ class Analysis:
                 **times,
                 "nccl_share": times["nccl_ns"] / times["gpu_ns"] if times.get("gpu_ns") else None,
             }
-            for rank in self.report["ranks"]
+            for rank in self.ranks
             for step in rank["steps"]
             for name, times in step["phases"].items()
         ]
@@ -296,7 +309,7 @@ class Analysis:
         (``step_index`` null) and one row per step that ran the type: kernel count, time (union),
         exposed time (no compute beside it), bytes (null unless every kernel's size is known)."""
         rows: list[dict[str, Any]] = []
-        for rank in self.report["ranks"]:
+        for rank in self.ranks:
             by_type = rank.get("collectives_by_type") or {}
             rows += [{**t, "rank": rank["rank"], "step_index": None} for t in by_type.get("totals", [])]
             rows += [{**t, "rank": rank["rank"]} for t in by_type.get("steps", [])]
@@ -305,7 +318,7 @@ class Analysis:
     @cached_property
     def peers(self) -> pl.DataFrame:
         """The point-to-point rank × peer matrix (send/recv kernels), one row per (rank, peer)."""
-        rows = [row for rank in self.report["ranks"] for row in (rank.get("peers") or {}).get("rows", [])]
+        rows = [row for rank in self.ranks for row in (rank.get("peers") or {}).get("rows", [])]
         return _frame(rows, PEER_SCHEMA)
 
     @cached_property
@@ -333,7 +346,7 @@ class Analysis:
     def metrics(self) -> pl.DataFrame:
         """Numeric metrics, run-level (``rank`` null) then per rank, with the reason of a null one."""
         rows: list[dict[str, Any]] = []
-        scopes = [(None, self.report["run"]["metrics"])] + [(r["rank"], r["metrics"]) for r in self.report["ranks"]]
+        scopes = [(None, self.report["run"]["metrics"])] + [(r["rank"], r["metrics"]) for r in self.ranks]
         for rank, metrics in scopes:
             reasons = metrics.get("null_reasons", {})
             for name, value in metrics.items():
@@ -396,6 +409,8 @@ def analyze(
     scheduler: str | None = None,
     jobs: int | None = None,
     sliced_above: int | str | None = None,
+    detail: str = "auto",
+    detail_dir: PathLike | None = None,
 ) -> Analysis:
     """Analyse one run: capture files (nsys ``.sqlite[.gz]``/``.nsys-rep``, Kineto ``.json[.gz]``),
     run directories, and side files (NCCL logs, nvidia-smi output), as ``traceguard analyze`` does.
@@ -408,6 +423,9 @@ def analyze(
     :mod:`traceguard.mapreduce`); a script that uses the local process pool needs the
     ``if __name__ == "__main__":`` guard. ``sliced_above``: nsys exports of at least this size
     (bytes, or ``"4G"``) are analysed in time slices with bounded memory, as ``--sliced-above``.
+    ``detail`` / ``detail_dir``: ``--detail`` / ``--detail-out`` (above 32 capture files the report
+    is a summary and every rank's rows go to a Parquet side output, by default in a new temporary
+    folder: ``report["detail"]["folder"]``; the frames below still hold every rank, read from it).
 
     Raises :class:`traceguard.errors.NoUsableInputError` (naming each file and what is wrong with it)
     when nothing given can be read, :class:`traceguard.errors.ProfileError` for a bad profile.
@@ -431,6 +449,8 @@ def analyze(
         scheduler=scheduler,
         jobs=jobs,
         sliced_above=parse_size(sliced_above) if isinstance(sliced_above, str) else sliced_above,
+        detail=detail,
+        detail_dir=Path(detail_dir) if detail_dir is not None else None,
     )
     return Analysis(report=raw.report, raw=raw)
 

@@ -192,3 +192,16 @@ def test_cli_writes_the_side_output_beside_the_report_and_replaces_its_own(run: 
     assert (taken / "mine.txt").read_text() == "not a side output"
     done = subprocess.run([*command, "--detail", "most"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "--detail must be full, summary or auto" in " ".join(done.stderr.split())
+
+
+def test_the_python_frames_of_a_summary_hold_every_rank(reports) -> None:
+    from traceguard.notebook import Analysis
+
+    full, _ = reports["full"]
+    summary, _ = reports["summary"]
+    whole, partial = Analysis.from_report(full), Analysis.from_report(summary)
+    assert len(summary["ranks"]) < RANKS
+    assert partial.ranks == full["ranks"]
+    for frame in ("steps", "phases", "waits", "collectives", "peers", "metrics"):
+        assert getattr(partial, frame).equals(getattr(whole, frame)), frame
+    assert repr(partial).endswith(f"ranks={RANKS} profile={full['profile']['name']}>")

@@ -147,6 +147,8 @@ class DetailWriter:
                 self._flush()
         self._flush()
         self._drop_stale(used)
+        for table in TABLES:
+            self._unify(table)
         return self.tables()
 
     def tables(self) -> dict[str, Any]:
@@ -194,6 +196,26 @@ class DetailWriter:
             self._parts.setdefault(table, []).append(_Part(path, dict(buffer.inputs)))
         self._buffers.clear()
         self._pending_ranks = 0
+
+    def _unify(self, table: str) -> None:
+        """Give every part of ``table`` the same columns and types (a column all null in one part
+        and typed in another, one present in some parts only), so that one ``scan_parquet`` of the
+        folder, or DuckDB's ``read_parquet``, reads them all: each part that differs is rewritten
+        with the relaxed union of the parts' schemas."""
+        files = sorted((self.folder / table).glob("*.parquet"))
+        schemas = [pl.read_parquet_schema(f) for f in files]
+        if len(files) < 2 or all(s == schemas[0] for s in schemas):
+            return
+        target = pl.concat([pl.scan_parquet(f) for f in files], how="diagonal_relaxed").collect_schema()
+        for path, schema in zip(files, schemas, strict=True):
+            if schema == dict(target):
+                continue
+            part = pl.read_parquet(path)
+            columns = [
+                pl.col(name).cast(dtype) if name in part.columns else pl.lit(None, dtype=dtype).alias(name)
+                for name, dtype in target.items()
+            ]
+            part.select(columns).write_parquet(path, statistics=True)
 
     def _drop_stale(self, used: frozenset[int]) -> None:
         """Rewrite the parts holding rows of an input mapped again since, or not used at all."""
