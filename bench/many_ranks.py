@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=HERE / "MANY_RANKS.md")
     parser.add_argument("--json", type=Path, default=HERE / "many_ranks.json")
     parser.add_argument(
+        "--service", type=Path, action="append", default=[], help="run directory sent through the service"
+    )
+    parser.add_argument(
         "--rewrite", action="store_true", help="only recompute the arithmetic and rewrite --md from --json"
     )
     args = parser.parse_args(argv)

@@ -343,18 +343,25 @@ def test_a_scheduler_without_n_workers_leaves_each_read_alone() -> None:
     assert mapreduce._threads_per_host(OlderClient()) == {}
 
 
-@pytest.mark.parametrize("part_ranks", [1, 128])
+@pytest.mark.parametrize(("part_ranks", "part_bytes"), [(1, 4 << 20), (128, 4 << 20), (128, 1)])
 @pytest.mark.parametrize("case", CASES)
 def test_the_side_output_keeps_only_the_rows_the_report_uses(
-    cases: dict[str, list[str]], case: str, part_ranks: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cases: dict[str, list[str]],
+    case: str,
+    part_ranks: int,
+    part_bytes: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Inputs mapped again under other ranks, unreadable ones and duplicates leave no stale rows in
     a summary's side output, whether their first rows were still buffered or already written in a
-    part: it gives back exactly the ranks of the full report (issue 30)."""
+    part (of every table, or of one table whose rows filled a part): it gives back exactly the
+    ranks of the full report (issue 30)."""
     from traceguard.report import detail
     from traceguard.report.detail import rank_entries
 
     monkeypatch.setattr(detail, "PART_RANKS", part_ranks)
+    monkeypatch.setattr(detail, "PART_BYTES", part_bytes)
     full = pipeline.analyze(cases[case], scheduler="serial", detail="full").report
     summary = pipeline.analyze(cases[case], scheduler="serial", detail="summary", detail_dir=tmp_path / "d")
     assert summary.report["detail"]["mode"] == "summary"

@@ -59,6 +59,10 @@ MARKER = "_traceguard_detail.json"
 PART_ROWS = 200_000
 #: Ranks buffered before the parts are written, whatever their rows.
 PART_RANKS = 128
+#: Bytes of a table's buffered rows (Polars' estimate) before that table's part is written.
+PART_BYTES = 4 << 20
+#: A table's buffered frames merged into one once there are this many.
+MERGE_FRAMES = 8
 
 
 @dataclass
@@ -83,6 +87,7 @@ class _Part:
 class _Buffer:
     frames: list[pl.DataFrame] = field(default_factory=list)
     rows: int = 0
+    size: int = 0
     inputs: dict[int, int] = field(default_factory=dict)
 
 
@@ -175,7 +180,14 @@ class DetailWriter:
         buffer = self._buffers.setdefault(table, _Buffer())
         buffer.frames.append(frame.with_columns(pl.lit(index, dtype=pl.Int32).alias("input_index")))
         buffer.rows += frame.height
+        buffer.size += frame.estimated_size()
         buffer.inputs[index] = generation
+        if len(buffer.frames) >= MERGE_FRAMES:
+            # Many small frames cost far more than their rows (64 ranks' step rows: +58 MB as frames
+            # of one rank each, +5 MB merged): the buffer is kept as one contiguous frame.
+            buffer.frames = [pl.concat(buffer.frames, how="diagonal_relaxed", rechunk=True)]
+        if buffer.size >= PART_BYTES:  # a table of large rows (timelines): its own part at once
+            self._flush(only=table)
 
     def _unbuffer(self, index: int) -> None:
         for buffer in self._buffers.values():
@@ -184,18 +196,23 @@ class DetailWriter:
                 buffer.rows = sum(f.height for f in buffer.frames)
                 del buffer.inputs[index]
 
-    def _flush(self) -> None:
-        for table, buffer in self._buffers.items():
-            if not buffer.frames:
+    def _flush(self, only: str | None = None) -> None:
+        for table, buffer in list(self._buffers.items()):
+            if only is not None and table != only:
                 continue
-            folder = self.folder / table
-            folder.mkdir(exist_ok=True)
-            path = folder / f"part-{self._counter:05d}.parquet"
-            self._counter += 1
-            pl.concat(buffer.frames, how="diagonal_relaxed").write_parquet(path, statistics=True)
-            self._parts.setdefault(table, []).append(_Part(path, dict(buffer.inputs)))
-        self._buffers.clear()
-        self._pending_ranks = 0
+            if buffer.frames:
+                folder = self.folder / table
+                folder.mkdir(exist_ok=True)
+                path = folder / f"part-{self._counter:05d}.parquet"
+                self._counter += 1
+                # No statistics on the timelines' JSON text: min/max of 100 kB strings help no query
+                # and cost their writer tens of MB.
+                frame = pl.concat(buffer.frames, how="diagonal_relaxed")
+                frame.write_parquet(path, statistics=table != "timelines")
+                self._parts.setdefault(table, []).append(_Part(path, dict(buffer.inputs)))
+            del self._buffers[table]
+        if only is None:
+            self._pending_ranks = 0
 
     def _unify(self, table: str) -> None:
         """Give every part of ``table`` the same columns and types (a column all null in one part
