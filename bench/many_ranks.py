@@ -261,7 +261,7 @@ def service_case(run: Path, interval: float) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, action="append", required=True, help="run directory from make_run.py")
+    parser.add_argument("--run", type=Path, action="append", default=[], help="run directory from make_run.py")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--dask-workers", type=int, default=2)
     parser.add_argument("--poll-ms", type=float, default=50.0)
@@ -282,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         write_markdown(doc, args.md)
         return
+    if not args.run:
+        parser.error("give at least one --run (or --rewrite)")
     runs = [r.resolve() for r in args.run]
     cluster = scale_out.DaskCluster(args.dask_workers, WORK / "dask").start() if "summary_dask" in args.cases else None
     results: dict[str, dict[str, list[dict]]] = {}
@@ -363,6 +365,12 @@ def growth(doc: dict) -> dict:
 PAPER_RANKS = 1024
 PAPER_RANK_BYTES = (0.2e9, 1e9, 5e9)
 BYTES_PER_KERNEL = 176
+#: These captures' steps: 3 per 5,308 kernels. A summary's bytes per rank grow with its steps only
+#: through the heat maps' columns, binned to MATRIX_COLUMNS (400) step indices: past the kernels that
+#: hold 400 steps, a rank adds no more to the report.
+STEPS_PER_KERNEL = 3 / 5308
+MATRIX_COLUMNS = 400
+HEATMAP_CAP_KERNELS = MATRIX_COLUMNS / STEPS_PER_KERNEL
 
 
 def _line(points: list[tuple[float, float]], x: float) -> float:
@@ -409,7 +417,11 @@ def paper(doc: dict) -> dict:
                 "rank_bytes": size,
                 "kernels_per_rank": round(kernels),
                 "client_mb": round(fixed_mb + PAPER_RANKS * max(0.0, _line(client_points, kernels))),
-                "json_mb": round((fixed_json_kb + PAPER_RANKS * max(0.0, _line(json_points, kernels))) / 1e3, 1),
+                "json_mb": round(
+                    (fixed_json_kb + PAPER_RANKS * max(0.0, _line(json_points, min(kernels, HEATMAP_CAP_KERNELS))))
+                    / 1e3,
+                    1,
+                ),
                 "before_client_mb": (before.get(size) or {}).get("client_mb"),
                 "before_json_mb": (before.get(size) or {}).get("report_mb"),
             }
@@ -514,7 +526,8 @@ def write_markdown(doc: dict, path: Path) -> None:
             f'On paper, {pp["ranks"]:,} ranks by summary (`docs/scale-out.md`, "On paper"): the client\'s fixed '
             f"{pp['fixed_client_mb']:,.0f} MB + {pp['ranks']:,} × its cost per rank, linear in the kernels per rank "
             f"through the measured shapes ({shapes}); the JSON report's fixed {pp['fixed_json_kb']:,.0f} kB + "
-            f"{pp['ranks']:,} × its bytes per rank ({reports}). Kernels per rank = rank file ÷ "
+            f"{pp['ranks']:,} × its bytes per rank ({reports}; no more past {HEATMAP_CAP_KERNELS / 1e6:.2f} M kernels, "
+            f"where a rank holds the heat maps' {MATRIX_COLUMNS} step columns). Kernels per rank = rank file ÷ "
             f"{pp['bytes_per_kernel']} bytes. Before: `scale_out.json`'s arithmetic, every rank's rows in the "
             "client and the report.",
             "",
