@@ -205,3 +205,41 @@ def test_the_python_frames_of_a_summary_hold_every_rank(reports) -> None:
     for frame in ("steps", "phases", "waits", "collectives", "peers", "metrics"):
         assert getattr(partial, frame).equals(getattr(whole, frame)), frame
     assert repr(partial).endswith(f"ranks={RANKS} profile={full['profile']['name']}>")
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The same real ranks laid out again, each rank made from the next source rank (rank 0 from the
+    job's rank 1, ...), analysed whole and by summary: a second run whose steps differ, to compare with."""
+    base = tmp_path_factory.mktemp("other")
+    out = base / "run40b"
+    sources = [str(REPO / "tests/fixtures/h200x4/p2p_nsys" / f"cap_{i}.sqlite.gz") for i in (1, 2, 3, 0)]
+    command = [sys.executable, str(REPO / "bench/make_run.py"), "--ranks", str(RANKS), "--kernels-per-rank", "5308"]
+    subprocess.run([*command, "--sources", *sources, "--out", str(out)], check=True, capture_output=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRACEGUARD_CACHE_DIR", str(base / "cache"))
+        return {
+            "full": analyze([str(out)], scheduler="serial", detail="full").report,
+            "summary": analyze([str(out)], scheduler="serial", detail_dir=base / "summary").report,
+        }
+
+
+def test_comparing_two_summaries_pairs_every_rank_s_steps(reports, other_run) -> None:
+    from traceguard.report.compare import compare
+
+    full, _ = reports["full"]
+    summary, _ = reports["summary"]
+    whole = compare(full, other_run["full"])
+    assert len(whole["steps"]) == sum(len(r["steps"]) for r in full["ranks"])
+    assert any(row["gpu_span_ns_delta"] for row in whole["steps"])  # each rank is another real rank now
+    # With the side outputs: the very comparison of the full reports.
+    assert compare(summary, other_run["summary"]) == whole
+    # Stored without them (the service): every rank's step from the heat maps, their fields exact.
+    stored = [{**doc, "detail": {**doc["detail"], "folder": None}} for doc in (summary, other_run["summary"])]
+    from_maps = compare(*stored)["steps"]
+    assert any(row["nccl_share_delta"] for row in from_maps)
+    assert [(r["rank"], r["index"]) for r in from_maps] == [(r["rank"], r["index"]) for r in whole["steps"]]
+    for got, want in zip(from_maps, whole["steps"], strict=True):
+        for field in ("nccl_share", "nccl_wait_ns", "lateness_ns", "gpu_span_ns"):
+            for side in ("base", "head", "delta"):
+                assert got[f"{field}_{side}"] == pytest.approx(want[f"{field}_{side}"]), (got["rank"], field, side)

@@ -14,7 +14,10 @@ step and per collective type. The one comparison the CLI (``traceguard compare``
   ``nccl_share_delta_pp``), CPU time, DtoD bytes, the wait step fields (wait / transfer, the GPU
   time broken down, lateness: ns) and the link step fields (PCIe / NVLink load, % of the link's
   peak: their delta is in percentage points already). Steps pair by index (time order within the
-  rank), not by name.
+  rank), not by name. A report by summary (issue 30) gives every rank's steps: read back from its
+  Parquet side output while that exists, else from its rank × step heat maps (``rank_steps``: the
+  NCCL share, wait, lateness and GPU span of every step, the other fields null; a matrix binned
+  over more than 400 step indices gives only its kept ranks' steps).
 - ``collectives``: per collective type over the run (``run.collectives_by_type``): count, time,
   exposed time and bytes, each as base / head / delta.
 """
@@ -22,6 +25,7 @@ step and per collective type. The one comparison the CLI (``traceguard compare``
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 from traceguard.report.fields import LINK_STEP_FIELDS, WAIT_STEP_FIELDS
@@ -64,10 +68,36 @@ def _paired(base: dict[str, Any] | None, head: dict[str, Any] | None, fields: tu
     return row
 
 
-def _step_deltas(base: dict[str, Any], head: dict[str, Any]) -> list[dict[str, Any]]:
-    def steps_of(doc: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
-        return {(r["rank"], s["index"]): s for r in doc.get("ranks", []) for s in r.get("steps", [])}
+def steps_of(doc: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Every step of the report by (rank, step index) (module docstring, ``steps``)."""
+    kept = {(r["rank"], s["index"]): s for r in doc.get("ranks", []) for s in r.get("steps", [])}
+    detail = doc.get("detail") or {}
+    if detail.get("mode") != "summary":
+        return kept
+    if detail.get("folder") and Path(detail["folder"]).is_dir():
+        from traceguard.report.detail import rank_entries
 
+        return {
+            (e["rank"], s["index"]): s
+            for batch in rank_entries(Path(detail["folder"]))
+            for e in batch
+            for s in e["steps"]
+        }
+    matrix = doc.get("rank_steps") or {}
+    if matrix.get("binned"):
+        return kept
+    names = {s["index"]: s["name"] for s in kept.values()}
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, rows in (matrix.get("fields") or {}).items():
+        for rank, row in zip(matrix.get("ranks") or [], rows, strict=True):
+            for index, value in zip(matrix.get("indices") or [], row, strict=True):
+                if value is not None:
+                    step = found.setdefault((rank, index), {"index": index, "name": names.get(index, f"#{index}")})
+                    step[name] = value
+    return {**found, **kept}
+
+
+def _step_deltas(base: dict[str, Any], head: dict[str, Any]) -> list[dict[str, Any]]:
     b, h = steps_of(base), steps_of(head)
     rows = []
     for key in sorted(set(b) | set(h)):
