@@ -61,6 +61,11 @@ def test_summary_page_draws_the_heat_maps_of_every_rank(browser, page_and_full, 
         assert kept == len(summary["rank_summary"]["in_report"]) == len(summary["ranks"])
         rows = page.locator("#distributions tr").count() - 1
         assert rows == sum(1 for d in summary["rank_summary"]["distributions"].values() if d.get("ranks"))
+        # Each row's histogram: one bar per bin, as many ranks in its titles as the metric is known on.
+        wait_values = [r["metrics"]["nccl_wait_ns"] for r in full["ranks"] if r["metrics"]["nccl_wait_ns"] is not None]
+        bars = "#distributions tr[data-metric='nccl_wait_ns'] svg.histogram title"
+        titles = page.evaluate(f"() => [...document.querySelectorAll({bars!r})].map(t => t.textContent)")
+        assert len(titles) == 10 and sum(int(t.split()[0]) for t in titles) == len(wait_values)
         assert page.locator("#rank-summary").inner_text().startswith(f"Ranks: a summary of {len(full['ranks'])}")
         assert errors == []
         page.screenshot(path=str(tmp_path / "summary.png"), full_page=False)

@@ -150,6 +150,18 @@ def heatmap_figures(doc: dict[str, Any]) -> list[tuple[str, go.Figure]]:
     return figures
 
 
+def histogram_svg(counts: list[int], width: int = 120, height: int = 22) -> str:
+    """A distribution's histogram as an inline SVG of one bar per bin, its ranks in the bar's title."""
+    top = max(counts) or 1
+    step = width / len(counts)
+    bars = "".join(
+        f"<rect x='{i * step:.1f}' y='{height - height * c / top:.1f}' width='{max(step - 1, 1):.1f}' "
+        f"height='{height * c / top:.1f}' fill='#0969da'><title>{c} rank{'s' if c != 1 else ''}</title></rect>"
+        for i, c in enumerate(counts)
+    )
+    return f"<svg class='histogram' width='{width}' height='{height}' role='img'>{bars}</svg>"
+
+
 def html_section(doc: dict[str, Any]) -> str:
     if not is_summary(doc):
         return ""
@@ -163,11 +175,15 @@ def html_section(doc: dict[str, Any]) -> str:
     parts += [f"<tr><td>{e(str(k['rank']))}</td><td>{e('; '.join(k['why']))}</td></tr>" for k in summary["in_report"]]
     parts.append(
         "</table><table id='distributions'><tr><th>metric</th><th>ranks</th><th>min</th><th>p50</th>"
-        "<th>p95</th><th>max</th><th>rank at max</th></tr>"
+        "<th>p95</th><th>max</th><th>rank at max</th><th>ranks per bin, min to max</th></tr>"
     )
     for key, d in distribution_rows(doc):
         cells = [f"{d['ranks']:,}", *(value_h(key, d[s]) for s in ("min", "p50", "p95", "max")), _at_max(d)]
-        parts.append(f"<tr><td><code>{e(key)}</code></td>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+        parts.append(
+            f"<tr data-metric='{e(key)}'><td><code>{e(key)}</code></td>"
+            + "".join(f"<td>{e(c)}</td>" for c in cells)
+            + f"<td>{histogram_svg(d['histogram']['counts'])}</td></tr>"
+        )
     parts.append("</table>")
     for fig_id, fig in heatmap_figures(doc):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=fig_id))
