@@ -133,11 +133,16 @@ def analyze(
         writer = DetailWriter(Path(detail_default_dir), lighten_results=True, replace_previous=True)
     elif by_summary:
         writer = DetailWriter(Path(tempfile.mkdtemp(prefix="traceguard-detail-")), lighten_results=True)
-    mapped = map_run(
-        specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks, keep=writer.take if writer else None
-    )
-    if specs and not mapped.results and not has_side:
-        raise NoUsableInputError(f"no usable input: {no_input_reasons(mapped.inputs)}")
+    try:
+        mapped = map_run(
+            specs, options, scheduler=scheduler, jobs=jobs, on_ranks=on_ranks, keep=writer.take if writer else None
+        )
+        if specs and not mapped.results and not has_side:
+            raise NoUsableInputError(f"no usable input: {no_input_reasons(mapped.inputs)}")
+    except BaseException:
+        if writer is not None:  # no report: no side output left behind either
+            writer.discard()
+        raise
     result = reduce_results(mapped.results)
     links = analyse_links(
         side,

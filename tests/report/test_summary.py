@@ -243,3 +243,23 @@ def test_comparing_two_summaries_pairs_every_rank_s_steps(reports, other_run) ->
         for field in ("nccl_share", "nccl_wait_ns", "lateness_ns", "gpu_span_ns"):
             for side in ("base", "head", "delta"):
                 assert got[f"{field}_{side}"] == pytest.approx(want[f"{field}_{side}"]), (got["rank"], field, side)
+
+
+def test_no_usable_input_leaves_no_side_output(tmp_path: Path) -> None:
+    """33 files of random bytes: exit 2 with the inputs' errors, and neither a folder the analysis
+    made nor the contents of an empty one it was given are left behind."""
+    import random
+
+    run = tmp_path / "garbage"
+    run.mkdir()
+    rng = random.Random(5)
+    for rank in range(33):
+        (run / f"rank{rank:03d}.sqlite").write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
+    given = tmp_path / "given"
+    given.mkdir()
+    command = [sys.executable, "-m", "traceguard.cli", "analyze", str(run), "--scheduler", "serial", "-f", "json"]
+    for folder, existed in ((tmp_path / "made", False), (given, True)):
+        done = subprocess.run([*command, "--detail-out", str(folder)], capture_output=True, text=True)
+        assert done.returncode == 2 and "no usable input" in " ".join(done.stderr.split())
+        assert "Traceback" not in done.stderr
+        assert folder.is_dir() == existed and (not existed or list(folder.iterdir()) == [])

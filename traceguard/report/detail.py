@@ -101,6 +101,7 @@ class DetailWriter:
         self.folder = Path(folder)
         if replace_previous and (self.folder / MARKER).is_file():
             shutil.rmtree(self.folder)
+        self._created = not self.folder.exists()
         if self.folder.exists() and (not self.folder.is_dir() or any(self.folder.iterdir())):
             raise InputError(
                 f"the detail folder {self.folder} exists and is not empty",
@@ -171,6 +172,16 @@ class DetailWriter:
                 "columns": {name: str(dtype) for name, dtype in schema.items()},
             }
         return out
+
+    def discard(self) -> None:
+        """Remove what this writer wrote (the analysis made no report): its tables and marker, and
+        the folder itself when the writer created it."""
+        if self._created:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        for table in TABLES:
+            shutil.rmtree(self.folder / table, ignore_errors=True)
+        (self.folder / MARKER).unlink(missing_ok=True)
 
     # -- parts -------------------------------------------------------------------------------------
 
