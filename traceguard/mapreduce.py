@@ -72,6 +72,7 @@ from traceguard.ingest import (
 )
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.ingest.nsys_sqlite import share_cores
+from traceguard.memory import fewer_collections, tune_heap
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.model import GPU_OPS_SCHEMA, empty
 
@@ -285,7 +286,8 @@ def map_input(task: MapTask) -> MapOutcome:
     ``error``; any other exception is a bug and propagates, a native library's panic as
     :class:`~traceguard.errors.NativePanic` (an ordinary exception, which a process pool can
     send back)."""
-    with native_panics():
+    tune_heap()
+    with native_panics(), fewer_collections():
         return _map_input(task)
 
 

@@ -21,6 +21,7 @@ from traceguard.errors import InputError, NoUsableInputError
 from traceguard.ingest import InputRecord, InputSpec, bundle_captures, no_input_reasons, parse_spec
 from traceguard.ingest.sides import SideData, SideFiles, discover, load_side, split_inputs
 from traceguard.mapreduce import MapOptions, RankProgress, map_run
+from traceguard.memory import fewer_collections
 from traceguard.metrics.inspector import WINDOW_S, analyse_inspector
 from traceguard.metrics.link_counters import capture_link_rows, capture_null_reason
 from traceguard.metrics.links import analyse_links
@@ -54,6 +55,7 @@ def _param(profile: Profile, rule: str, name: str) -> float | None:
     return config.params.get(name) if config else None
 
 
+@fewer_collections()
 def analyze(
     inputs: Iterable[str | InputSpec],
     *,

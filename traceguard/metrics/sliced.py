@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from traceguard.memory import release_heap
 from traceguard.metrics import copies, graphs, link_counters, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
@@ -494,6 +495,7 @@ def _finish(
     nccl_by_device = _intervals_by_device(nccl_in_window)
 
     # -- pass 2 ------------------------------------------------------------------------------
+    release_heap()  # what pass 1 freed, not kept under pass 2's peak (traceguard.memory)
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
     capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
@@ -520,6 +522,7 @@ def _finish(
     _close_unions(two, nccl_by_device, compute_lane, copies_lane)
 
     # -- assembly ------------------------------------------------------------------------------
+    release_heap()
     phase_type = schema["phase_id"]
     phase_keys, phase_ns = one.phase_gpu.result()
     phase_gpu = (
