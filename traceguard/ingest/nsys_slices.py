@@ -229,6 +229,22 @@ class SlicedNsys:
             info.notes.extend(reader.text_notes())  # the GPU tables hold no text
             return capture
 
+    def processes_at_start(self, rows: int = 100_000) -> int:
+        """How many processes have GPU ops among the first ``rows`` rows of each GPU table: a
+        glance that tells a file of several ranks (they work from the start) without a read,
+        not the plan (the census over every slice is that)."""
+        reader, seen = self._reader, set()
+        with read_errors(self.shown):
+            for table in self._gpu_tables():
+                if "globalPid" not in reader.columns(table.name):
+                    continue
+                quoted = table.name.replace('"', '""')
+                first = f'SELECT globalPid FROM "{quoted}" WHERE {table.rowid} >= ? ORDER BY {table.rowid} LIMIT ?'
+                pids = f"SELECT DISTINCT (globalPid >> 24) & 16777215 FROM ({first})"
+                found = reader.small(pids, (table.cursor, rows))
+                seen.update(pid for (pid,) in found if pid is not None)
+        return len(seen)
+
     def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """What this read read of the NVTX table (``_Reader.nvtx_rows``): for a whole read of the
         same file (``read_nsys_sqlite(nvtx_rows=...)``), which then does not read it again."""

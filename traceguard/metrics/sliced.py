@@ -373,6 +373,7 @@ def analyse_rank_sliced(
     max_segments: int = MAX_SEGMENTS,
     spill_dir: str | None = None,
     resolved_steps: Any | None = None,
+    finishing: contextlib.AbstractContextManager[Any] | None = None,
 ) -> RankResult:
     """:func:`traceguard.metrics.rank.analyse_rank` of ``capture`` (its small frames: ranges,
     strings, devices, info; its ``gpu_ops`` unused) with the GPU ops from ``op_slices``
@@ -381,7 +382,8 @@ def analyse_rank_sliced(
     slices back from a temporary directory under ``spill_dir`` (default: the system's), about 40
     bytes an op, removed on return. ``resolved_steps``: the rank's steps found already
     (:func:`steps_from_sequence`: a file of several processes reads their kernel sequences once
-    for all of them), else found here."""
+    for all of them), else found here. ``finishing``: held for pass 2 and the assembly (the
+    ranks of one read, each on its thread, take their peaks one at a time)."""
     strings = capture.strings
     resolved = (
         resolved_steps
@@ -426,19 +428,20 @@ def analyse_rank_sliced(
             schema = dict(attributed(capture.gpu_ops.clear()).schema)
             launched_expr = pl.lit(False)
         assert launched_expr is not None
-        return _finish(
-            rank,
-            capture,
-            resolved,
-            phases,
-            one,
-            schema,
-            launched_expr,
-            spilled,
-            ranks_analysed=ranks_analysed,
-            small_bytes=small_bytes,
-            max_segments=max_segments,
-        )
+        with finishing if finishing is not None else contextlib.nullcontext():
+            return _finish(
+                rank,
+                capture,
+                resolved,
+                phases,
+                one,
+                schema,
+                launched_expr,
+                spilled,
+                ranks_analysed=ranks_analysed,
+                small_bytes=small_bytes,
+                max_segments=max_segments,
+            )
 
 
 def time_pieces(ops: pl.DataFrame, rows: int) -> Iterator[pl.DataFrame]:
