@@ -202,16 +202,20 @@ def test_default_threshold_reads_whole_only_an_export_whose_steps_need_its_kerne
         assert _same(default) == _same(whole) == _same(asked)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_an_export_read_whole_after_the_sliced_look_reads_its_nvtx_table_once(
-    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
     """The sliced reader's look at an export of one process whose steps must come from its
     kernel sequence is followed by a whole read of the same file: the NVTX rows it read are
     handed over, not read again (a per-op NVTX capture's table is most of its file), and the
-    report is the one of a plain whole read."""
+    report is the one of a plain whole read; also when the look read the first slice while the
+    NVTX table was read (``overlap``: a large table)."""
     from traceguard.ingest import nsys_sqlite
 
     monkeypatch.delenv(SLICED_ABOVE_ENV, raising=False)
+    if overlap:
+        monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
     inputs = [str(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"))]
     inferred = ["inferred"]
     whole = pipeline.analyze(inputs, scheduler="serial", step_sources=inferred, sliced_above=1 << 40).report
@@ -230,13 +234,16 @@ def test_an_export_read_whole_after_the_sliced_look_reads_its_nvtx_table_once(
     assert _same(default) == _same(whole)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_an_export_of_several_ranks_is_sliced_by_default_even_when_steps_need_the_kernel_sequence(
-    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
     """nsys-ai's 2-rank export (no step markers): under the default threshold its ranks share one
-    sliced read instead of a whole read (on its 10 M-kernel scale-up: 19 s and 1.5 GB against
-    21 s and 2.9 GB, bench/README.md); the report is the whole read's."""
+    sliced read instead of a whole read (bench/README.md, fifth pass); the report is the whole
+    read's, also when the first slice is read while the NVTX table is (``overlap``)."""
     monkeypatch.delenv(SLICED_ABOVE_ENV, raising=False)
+    if overlap:
+        monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
     inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
     whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
     assert sliced_ranks == []

@@ -7,11 +7,12 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   rising only to the largest block freed so far) straight to ``mmap`` and unmaps it when freed.
   A sliced analysis allocates the same 4-16 MB arrays for every slice of a million ops, so each
   slice's arrays were new pages, faulted in one by one: 0.74 M page faults and 2.8 s of system
-  time on the copy-heavy shape. :func:`tune_heap` keeps blocks up to 32 MiB in the heap and lets
-  256 MiB of freed heap stay mapped: 0.39-0.47 M faults, about 1 s of system time less.
+  time on the copy-heavy shape. :func:`tune_heap` keeps blocks up to 16 MiB in the heap and lets
+  64 MiB of freed heap stay mapped: 0.41-0.48 M faults, about 1 s of system time less. (32 MiB
+  and 256 MiB took no less time and held 0.15 GB more on the per-op NVTX shape.)
   The heap then keeps what an earlier pass freed, so :func:`release_heap` hands it back between
-  passes, where the next pass would otherwise stack its peak on top (copy-heavy: 0.79 GB peak,
-  as before, instead of 0.93 GB).
+  passes, where the next pass would otherwise stack its peak on top (copy-heavy: 0.77-0.82 GB
+  peak, as before, instead of 0.93 GB).
 - **Collections.** With the default thresholds (700, 10, 10) the collector walks every live
   container each time gen 0 fills; building 68 k step rows of dicts (the CUDA-graph shape) paid
   1,076 collections, 0.49 s. :func:`fewer_collections` raises gen 0's threshold for the analysis
@@ -33,9 +34,9 @@ from functools import cache
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 #: Blocks up to this size come from the heap, not from ``mmap`` (glibc's maximum is 32 MiB).
-HEAP_BLOCKS_UP_TO = 32 << 20
+HEAP_BLOCKS_UP_TO = 16 << 20
 #: Free memory at the heap's top kept mapped instead of being returned at each ``free``.
-HEAP_KEEPS = 256 << 20
+HEAP_KEEPS = 64 << 20
 #: Gen 0's threshold while analysing (the default is 700).
 ANALYSIS_GEN0 = 100_000
 

@@ -1237,6 +1237,10 @@ class _Reader:
                 found.setdefault((domain_id, schema_id), set()).add(offset)
         return {key: next(iter(o)) for key, o in found.items() if len(o) == 1}
 
+    def drop_nvtx_rows(self) -> None:
+        """Forget :meth:`nvtx_rows`' memo (a later call reads the table again)."""
+        self._nvtx = None
+
     def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """One read of ``NVTX_EVENTS`` for both its uses (memoized): the push/pop and start/end
         ranges and the domain-create rows (``event`` says which), and the ranges folded instead,
