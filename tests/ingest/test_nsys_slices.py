@@ -336,3 +336,19 @@ def test_launch_key_order_unresolvable_in_slices_is_refused(
 def test_max_rows_must_be_positive(unpacked) -> None:
     with open_sliced(unpacked(public_nsys("mock"))) as sliced, pytest.raises(ValueError):
         next(sliced.op_slices(0))
+
+
+def test_the_glance_at_a_file_counts_its_processes_and_bounds_its_nvtx_rows(unpacked) -> None:
+    """``processes_at_start`` tells nsys-ai's two-rank export from a one-rank capture without a
+    read (the plan itself is the census over every slice), and ``nvtx_rows_at_most`` bounds the
+    NVTX table by its rowids; the rows kept for a whole read are read again once let go."""
+    with open_sliced(unpacked(public_nsys("mfu_2gpu_before")), shown="two") as two:
+        assert two.processes_at_start() == 2
+        rows = two.nvtx_rows_at_most()
+        frame, _folded = two.nvtx_rows()
+        assert rows >= frame.height > 0
+        two.drop_nvtx_rows()
+        again, _ = two.nvtx_rows()
+        assert again is not frame and again.equals(frame)
+    with open_sliced(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"), shown="one") as one:
+        assert one.processes_at_start() == 1
