@@ -18,7 +18,11 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   1,076 collections, 0.49 s. :func:`fewer_collections` raises gen 0's threshold for the analysis
   (5 collections, 0.07 s); the analysis builds no reference cycles worth collecting early.
 
-All three do nothing where glibc is absent (the heap calls) and change no result.
+All three do nothing where glibc is absent (the heap calls) and change no result. The heap
+settings are the process's own and stay: :func:`traceguard.mapreduce.map_input` sets them in
+every process that maps an input (pool and Dask workers, the service's analysis child, and the
+caller's own process under the ``serial`` scheduler or a run small enough to map in place), as
+``MALLOC_MMAP_THRESHOLD_=16777216 MALLOC_TRIM_THRESHOLD_=67108864`` in its environment would.
 """
 
 from __future__ import annotations
