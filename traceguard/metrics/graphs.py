@@ -28,6 +28,7 @@ from typing import Any
 
 import polars as pl
 
+from traceguard.metrics import small_collectives
 from traceguard.metrics.intervals import union_ns
 
 #: The capture option that shows what runs inside graphs.
@@ -58,14 +59,7 @@ HIDDEN_BY_GRAPHS: tuple[str, ...] = (
     "peer_copies",
     "peer_bytes",
     # metrics.small_collectives: the collective calls a step makes, their sizes and time.
-    "collective_calls_sized",
-    "collective_calls_per_step",
-    "small_collective_calls",
-    "small_collective_ns",
-    "sized_collective_ns",
-    "small_collective_share",
-    "small_collective_time_share",
-    "small_collectives_per_step",
+    *small_collectives.RANK_METRICS,
 )
 
 

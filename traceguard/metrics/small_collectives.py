@@ -84,6 +84,9 @@ METRICS = (
     "small_collective_time_share",
     "small_collectives_per_step",
 )
+#: The family's per-rank metrics as reports and the CUDA-graph caveat list them: :data:`METRICS`
+#: with the sized calls per step (computed beside them) after the sized calls.
+RANK_METRICS = (METRICS[0], "collective_calls_per_step", *METRICS[1:])
 
 
 def band(payload: int) -> str:

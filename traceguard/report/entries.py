@@ -8,6 +8,7 @@ from typing import Any
 
 import polars as pl
 
+from traceguard.metrics import small_collectives
 from traceguard.metrics.link_counters import LINK_RANK_METRICS
 from traceguard.metrics.rank import RankResult
 from traceguard.metrics.workloads import empty as workload_entry
@@ -47,14 +48,7 @@ EXTRA_METRICS = (
     "pageable_host_bytes_per_step",
     "gpu_to_cpu_copies_per_step",
     # Small collectives (metrics.small_collectives) and their rule's evidence.
-    "collective_calls_sized",
-    "collective_calls_per_step",
-    "small_collective_calls",
-    "small_collective_ns",
-    "sized_collective_ns",
-    "small_collective_share",
-    "small_collective_time_share",
-    "small_collectives_per_step",
+    *small_collectives.RANK_METRICS,
     # Who waited for whom (metrics.waits; docs/collectives.md).
     "nccl_wait_ns",
     "nccl_transfer_ns",
