@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import itertools
 import os
 import re
@@ -52,12 +53,15 @@ from traceguard.model import Capture
 
 try:  # the declared dependency; the sqlite3 path below is the (slow) fallback
     import adbc_driver_manager
-    import adbc_driver_sqlite.dbapi as _adbc
 
     #: ADBC raises its own errors from execute and plain OSError from Arrow stream reads.
     _ADBC_ERRORS: tuple[type[Exception], ...] = (OSError, adbc_driver_manager.Error)
+    #: Whether ADBC's SQLite driver is installed. Its DB-API module is imported when a read first
+    #: needs it (:func:`_adbc_dbapi`): it imports pyarrow, 55 ms of every command's start, and the
+    #: b-tree reader takes most reads without it.
+    _HAS_ADBC = importlib.util.find_spec("adbc_driver_sqlite") is not None
 except ImportError:  # pragma: no cover - adbc-driver-sqlite is a hard dependency
-    _adbc = None
+    _HAS_ADBC = False
     _ADBC_ERRORS = (OSError,)
 
 try:  # built at install when a C compiler and SQLite's header are there (setup.py)
@@ -504,7 +508,7 @@ class _Reader:
     def _fetch(self, sql: str, batch_rows: int = _BATCH_ROWS, source: str = "") -> pl.DataFrame:
         """The rows of ``sql``; text that is not UTF-8 (``source`` names its table in the notes)
         is read with U+FFFD for the bad bytes (:func:`valid_utf8`)."""
-        if _adbc is None:  # pragma: no cover - the sqlite3 connection decodes leniently itself
+        if not _HAS_ADBC:  # pragma: no cover - the sqlite3 connection decodes leniently itself
             cursor = self.conn.execute(sql)
             names = [d[0] for d in cursor.description]
             return pl.DataFrame(cursor.fetchall(), schema=names, orient="row", infer_schema_length=None)
@@ -1150,7 +1154,7 @@ class _Reader:
         evens out the two processes' work. Rows keep their order: worker part, then the rest.
         """
         tables = self.api_tables()
-        if (_adbc is None and _int_scan is None) or not sys.executable or _free_cores() < 2 or not tables:
+        if (not _HAS_ADBC and _int_scan is None) or not sys.executable or _free_cores() < 2 or not tables:
             return _PendingApiCalls(None, [])
         bounds: dict[str, tuple[str, int, int]] = {}
         for table in tables:
@@ -1540,9 +1544,16 @@ def _tid_of(global_tid: pl.Expr) -> pl.Expr:
     return global_tid & 0xFFFFFF
 
 
+def _adbc_dbapi() -> Any:
+    """ADBC's SQLite DB-API module, imported on first use (:data:`_HAS_ADBC`)."""
+    import adbc_driver_sqlite.dbapi
+
+    return adbc_driver_sqlite.dbapi
+
+
 def _adbc_connect(db: Path) -> Any:
     """ADBC connection opened read-only and hardened like :func:`.sqlite_safe.open_readonly`."""
-    conn = _adbc.connect(readonly_uri(db))
+    conn = _adbc_dbapi().connect(readonly_uri(db))
     cursor = conn.cursor()
     try:
         for pragma in SAFE_PRAGMAS:
