@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from traceguard.metrics.intervals import running_max
 from traceguard.model import OP_KINDS
 
 try:  # the compiled loop (setup.py builds it when a C compiler is there); NumPy otherwise
@@ -58,7 +59,7 @@ def periods(steps: pl.DataFrame, spans: pl.DataFrame, *, gpu_timed: bool) -> tup
     first = timed.row(0, named=True)
     begin = first["gpu_start"] if gpu_timed else min(first["start"], first["gpu_start"])
     bounds = np.concatenate([[begin], timed["gpu_end"].to_numpy()]).astype(np.int64)
-    return np.maximum.accumulate(bounds), timed["index"].to_list()
+    return running_max(bounds), timed["index"].to_list()
 
 
 def _covered_at(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -90,7 +91,7 @@ class _Union:
         empty = np.empty(0, np.int64)
         if start.size == 0:
             return empty, empty, empty, empty, None if launch is None else empty
-        reach = np.maximum.accumulate(end)
+        reach = running_max(end)
         before = np.empty(start.size, dtype=np.int64)  # the union's reach before each op
         before[1:] = reach[:-1]
         if self.end is not None:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from traceguard.metrics.intervals import union_segments, union_sorted_np
+from traceguard.metrics.intervals import running_max, union_segments, union_sorted_np
 from traceguard.metrics.steps import containing_ids
 from traceguard.model import OP_KINDS
 
@@ -175,7 +175,7 @@ def compute_cover(
         return ComputeCover({})
     if int(device.min()) == int(device.max()) and bool(np.all(start[1:] >= start[:-1])):
         kernel_end = np.where(keep, end, start)
-        return ComputeCover({int(device[0]): (start, kernel_end, np.maximum.accumulate(kernel_end))})
+        return ComputeCover({int(device[0]): (start, kernel_end, running_max(kernel_end))})
     devices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for dev in np.unique(device[keep]).tolist():
         rows = np.flatnonzero(keep & (device == dev))
@@ -184,7 +184,7 @@ def compute_cover(
             order = np.argsort(kernel_start, kind="stable")
             kernel_start, kernel_end = kernel_start[order], kernel_end[order]
         kernel_end = np.maximum(kernel_end, kernel_start)
-        devices[int(dev)] = (kernel_start, kernel_end, np.maximum.accumulate(kernel_end))
+        devices[int(dev)] = (kernel_start, kernel_end, running_max(kernel_end))
     return ComputeCover(devices)
 
 

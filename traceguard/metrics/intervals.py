@@ -16,6 +16,17 @@ except ImportError:  # pragma: no cover - exercised where no compiler was at ins
     _native = None
 
 
+def running_max(values: np.ndarray) -> np.ndarray:
+    """``np.maximum.accumulate(values)``: for int64 by the C loop (``_breakdown.running_max``,
+    ≈1 ns an element against NumPy's ≈8 ns: 10 M kernel ends in 10 ms, not 80), else NumPy's."""
+    native = getattr(_native, "running_max", None)  # None: no C build, or one from before it
+    if native is None or values.dtype != np.int64 or values.ndim != 1:
+        return np.maximum.accumulate(values)
+    out = np.empty(values.size, dtype=np.int64)
+    native(np.ascontiguousarray(values), out)
+    return out
+
+
 def union_segments(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
     """Merge overlapping ``[start, end)`` intervals per group into disjoint segments.
 
@@ -136,16 +147,16 @@ def union_ns_sorted(data: pl.DataFrame, by: list[str]) -> pl.LazyFrame:
     low = min(int(start.min()), int(end.min())) if groups > 1 else 0
     width = max(int(start.max()), int(end.max())) - low + 1 if groups > 1 else 0
     if groups == 1:
-        running = np.maximum.accumulate(end)
+        running = running_max(end)
     elif groups * width < (1 << 62):
         offset = group * width - low  # group g's times land in [g·width, (g+1)·width)
-        running = np.maximum.accumulate(end + offset)
+        running = running_max(end + offset)
         running -= offset
     else:  # pragma: no cover - needs int64-wide time bands
         running = np.empty_like(end)
         bounds = [*np.flatnonzero(first).tolist(), len(group)]
         for lo, hi in itertools.pairwise(bounds):
-            running[lo:hi] = np.maximum.accumulate(end[lo:hi])
+            running[lo:hi] = running_max(end[lo:hi])
     # A new segment starts a group or starts after every earlier interval of its group ended.
     new = first.copy()
     np.greater(start[1:], running[:-1], out=new[1:])
@@ -383,7 +394,7 @@ class UnionStream:
         else:
             opens_group[0] = self.last_group is None
             self.last_group = 0
-        running = np.maximum.accumulate(e)
+        running = running_max(e)
         if not opens_group[0]:
             np.maximum(running, self.carry, out=running)
         opens = np.empty(m, dtype=bool)

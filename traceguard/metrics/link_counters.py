@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from traceguard.metrics.intervals import running_max
 from traceguard.metrics.timeline import MAX_SEGMENTS
 from traceguard.model import LINK_METRICS, OP_KINDS, Capture
 
@@ -315,7 +316,7 @@ def _union_ns(intervals: pl.DataFrame) -> int:
         return 0
     ordered = intervals.select("start", "end").sort("start")
     starts, ends = ordered["start"].to_numpy(), ordered["end"].to_numpy()
-    reach = np.maximum.accumulate(ends)
+    reach = running_max(ends)
     new = np.ones(starts.size, dtype=bool)
     new[1:] = starts[1:] > reach[:-1]  # a segment starts where no earlier interval still runs
     seg_end = np.maximum.reduceat(ends, np.flatnonzero(new))

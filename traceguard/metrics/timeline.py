@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.metrics.collectives import COLLECTIVE_ORDER, OTHER
+from traceguard.metrics.intervals import running_max
 from traceguard.model import OP_KINDS
 
 #: Segments per lane a timeline keeps at most (about the pixels across a wide screen).
@@ -55,7 +56,7 @@ def union_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.
     if not bool(np.all(start[1:] >= start[:-1])):
         order = np.argsort(start, kind="stable")
         start, end = start[order], end[order]
-    reach = np.maximum.accumulate(end)
+    reach = running_max(end)
     heads = np.flatnonzero(start[1:] > reach[:-1]) + 1
     seg_start = np.empty(heads.size + 1, dtype=np.int64)
     seg_end = np.empty(heads.size + 1, dtype=np.int64)
@@ -318,7 +319,7 @@ class SegmentStream:
         ):
             return False
         self.last_start = int(start[-1])
-        reach = np.maximum.accumulate(np.maximum(end.astype(np.int64, copy=False), start))
+        reach = running_max(np.maximum(end.astype(np.int64, copy=False), start))
         opens = np.empty(start.size, dtype=bool)
         opens[0] = self.reach is None or int(start[0]) > self.reach
         if self.reach is not None:
