@@ -18,6 +18,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from tests.conftest import OWN, PUBLIC_NSYS, public_nsys
@@ -352,3 +354,16 @@ def test_the_glance_at_a_file_counts_its_processes_and_bounds_its_nvtx_rows(unpa
         assert again is not frame and again.equals(frame)
     with open_sliced(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"), shown="one") as one:
         assert one.processes_at_start() == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.none() | st.integers(0, 40), st.none() | st.integers(0, 60)), max_size=40),
+    marks=st.dictionaries(st.integers(0, 40), st.integers(0, 60), max_size=24),
+)
+def test_at_most_compares_as_the_join_does(rows: list[tuple[int | None, int | None]], marks: dict[int, int]) -> None:
+    """``_at_most`` by comparisons (a few pids) gives what its join gives (any number of them):
+    a row is doubtful when its pid has a mark and its correlation id is at most that mark."""
+    frame = pl.DataFrame(rows, schema={"pid": pl.Int64, "correlation_id": pl.Int64}, orient="row")
+    expected = [pid in marks and corr is not None and corr <= marks[pid] for pid, corr in rows]
+    assert nsys_slices._at_most(frame, marks).to_list() == expected
