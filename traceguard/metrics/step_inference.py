@@ -106,26 +106,21 @@ def _tokens(names: np.ndarray, length: int) -> np.ndarray:
 
 def _recurring_distances(tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per token that recurs at one constant distance P across at least ``COVERAGE`` of the
-    sequence: that distance P, and how often the token occurs."""
-    # One stable sort: positions grouped by token (ascending), in position order within a token.
-    order = np.argsort(tokens, kind="stable")
-    ordered = tokens[order]
-    group = np.zeros(order.size, dtype=np.int64)
-    np.cumsum(ordered[1:] != ordered[:-1], out=group[1:])
-    counts = np.bincount(group)
-    gaps = np.diff(order)
-    same = group[1:] == group[:-1]
-    if not same.any():
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    gap_token = group[1:][same]
-    gap = gaps[same]
-    tokens_seen = counts.size
-    low = np.full(tokens_seen, np.iinfo(np.int64).max)
-    high = np.zeros(tokens_seen, dtype=np.int64)
-    np.minimum.at(low, gap_token, gap)
-    np.maximum.at(high, gap_token, gap)
-    recurring = counts >= 2
-    low, high, counts = low[recurring], high[recurring], counts[recurring]
+    sequence: that distance P, and how often the token occurs (in no particular order).
+
+    The gaps between a token's consecutive occurrences by a hash group-by that keeps each token's
+    positions in order (Polars): a third of the time of grouping them by a stable sort."""
+    frame = pl.DataFrame({"token": tokens, "at": np.arange(tokens.size, dtype=np.int64)})
+    gaps = (
+        frame.group_by("token")
+        .agg(
+            pl.len().cast(pl.Int64).alias("count"),
+            pl.col("at").diff().min().alias("low"),
+            pl.col("at").diff().max().alias("high"),
+        )
+        .filter(pl.col("count") >= 2)
+    )
+    low, high, counts = (gaps[c].to_numpy() for c in ("low", "high", "count"))
     # Constant up to the reordering of a kernel or two between streams.
     steady = (high - low) <= np.maximum(2, low // 100)
     period = (low + high) // 2
