@@ -27,6 +27,28 @@ def running_max(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def grouped_running_max(values: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Running maximum of int64 ``values`` restarting at each group (rows grouped contiguously;
+    ``group`` numbers them from 0, ``first`` marks each group's first row): one
+    :func:`running_max` over the values shifted into a band per group, where the bands fit in
+    int64, else one per group."""
+    if not first[1:].any():
+        return running_max(values)
+    low, high = int(values.min()), int(values.max())
+    width = high - low + 1
+    groups = int(group[-1]) + 1
+    if groups * width < (1 << 62):
+        offset = group * width - low  # group g's values land in [g·width, (g+1)·width)
+        out = running_max(values + offset)
+        out -= offset
+        return out
+    out = np.empty_like(values)  # pragma: no cover - int64-wide time bands
+    bounds = [*np.flatnonzero(first).tolist(), values.size]
+    for lo, hi in itertools.pairwise(bounds):
+        out[lo:hi] = running_max(values[lo:hi])
+    return out
+
+
 def union_segments(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
     """Merge overlapping ``[start, end)`` intervals per group into disjoint segments.
 
@@ -143,20 +165,7 @@ def union_ns_sorted(data: pl.DataFrame, by: list[str]) -> pl.LazyFrame:
     first = np.empty(len(group), dtype=bool)
     first[0] = True
     np.not_equal(group[1:], group[:-1], out=first[1:])
-    groups = int(group[-1]) + 1
-    low = min(int(start.min()), int(end.min())) if groups > 1 else 0
-    width = max(int(start.max()), int(end.max())) - low + 1 if groups > 1 else 0
-    if groups == 1:
-        running = running_max(end)
-    elif groups * width < (1 << 62):
-        offset = group * width - low  # group g's times land in [g·width, (g+1)·width)
-        running = running_max(end + offset)
-        running -= offset
-    else:  # pragma: no cover - needs int64-wide time bands
-        running = np.empty_like(end)
-        bounds = [*np.flatnonzero(first).tolist(), len(group)]
-        for lo, hi in itertools.pairwise(bounds):
-            running[lo:hi] = running_max(end[lo:hi])
+    running = grouped_running_max(end, group, first)
     # A new segment starts a group or starts after every earlier interval of its group ended.
     new = first.copy()
     np.greater(start[1:], running[:-1], out=new[1:])

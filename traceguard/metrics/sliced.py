@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import itertools
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,7 +54,7 @@ from traceguard.memory import release_heap
 from traceguard.metrics import copies, graphs, link_counters, nccl
 from traceguard.metrics import small_collectives as small
 from traceguard.metrics.breakdown import OpArrays, StepBreakdown, feed_arrays, op_arrays, periods
-from traceguard.metrics.intervals import running_max
+from traceguard.metrics.intervals import grouped_running_max, running_max
 from traceguard.metrics.link_counters import IntervalMarks
 from traceguard.metrics.rank import (
     OFFENDER_GROUP_SCHEMA,
@@ -229,7 +228,7 @@ class GroupUnion:
         prior_reach = np.full(uniq.size, _INT64_MIN, dtype=np.int64)
         prior_reach[known] = self.reach[at[known]]
         # R: the running max of the ends within each group, from the group's prior reach.
-        running = _group_cummax(e, group, first)
+        running = grouped_running_max(e, group, first)
         np.maximum(running, prior_reach[group], out=running)
         # Each row adds R[i] - max(start[i], R[i-1]); R[-1] of a group is its prior reach.
         before = np.empty(n, dtype=np.int64)
@@ -276,25 +275,6 @@ class GroupUnion:
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, union ns) in key order."""
         return self.keys, self.total.copy()
-
-
-def _group_cummax(values: np.ndarray, group: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Running max of ``values`` restarting at each group (rows grouped contiguously)."""
-    if not first[1:].any():
-        return running_max(values)
-    low, high = int(values.min()), int(values.max())
-    width = high - low + 1
-    groups = int(group[-1]) + 1
-    if groups * width < (1 << 62):
-        offset = group * width - low
-        out = running_max(values + offset)
-        out -= offset
-        return out
-    out = np.empty_like(values)  # pragma: no cover - int64-wide time bands
-    bounds = [*np.flatnonzero(first).tolist(), values.size]
-    for lo, hi in itertools.pairwise(bounds):
-        out[lo:hi] = running_max(values[lo:hi])
-    return out
 
 
 def _pack(a: pl.Series, b: pl.Series | None = None) -> np.ndarray:
