@@ -30,5 +30,7 @@ setup(
         ),
         # The step breakdown's one-pass loop (traceguard/metrics/breakdown.py keeps the NumPy one).
         Extension("traceguard.metrics._breakdown", sources=["traceguard/metrics/_breakdown.c"], optional=True),
+        # The report's loops over per-step rows (traceguard/report/rows.py keeps the Python ones).
+        Extension("traceguard.report._rows", sources=["traceguard/report/_rows.c"], optional=True),
     ],
 )
