@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -235,6 +236,23 @@ def main(
         os.environ["TRACEGUARD_DEBUG"] = "1"
 
 
+#: Set by the console entry point, which ends the process without interpreter teardown.
+EXITS_WITHOUT_TEARDOWN = False
+_kept_until_exit: list[Any] = []
+
+
+def keep_until_exit(value: Any) -> None:
+    """Hold ``value`` until the process ends, where it ends without teardown
+    (:data:`EXITS_WITHOUT_TEARDOWN`): a large analysis is otherwise freed object by object as the
+    command returns (the CUDA-graph shape's 68 k steps: 0.11 s after its report is written).
+    What is alive then is also left out of later garbage collections (``gc.freeze``): it is
+    freed by the exit, and walking it once more cost 76 ms while the report was rendered.
+    Elsewhere (tests calling the app in process, the service) nothing is held or frozen."""
+    if EXITS_WITHOUT_TEARDOWN:
+        _kept_until_exit.append(value)
+        gc.freeze()
+
+
 def run_analysis(
     captures: list[str] | None,
     profile: str,
@@ -265,7 +283,7 @@ def run_analysis(
     try:
         slice_bytes = parse_size(sliced_above) if sliced_above is not None else None
         with bar:
-            return analyze(
+            analysis = analyze(
                 captures or [],
                 profile=profile,
                 side_files=side,
@@ -282,6 +300,8 @@ def run_analysis(
                     task, description="analysing files", completed=done, total=total
                 ),
             )
+        keep_until_exit(analysis)
+        return analysis
     except TraceguardError as exc:
         show_error(exc)
         raise typer.Exit(exc.exit_code) from None
