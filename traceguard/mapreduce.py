@@ -396,10 +396,12 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         # 47.7 M NVTX rows), it runs on a thread meanwhile; a file that is then read whole wasted
         # the first slice's read, on the core the NVTX read left idle.
         overlap = source.nvtx_rows_at_most() >= OVERLAP_NVTX_ROWS
-        pending = pool.submit(source.small_capture) if overlap else None
+        # A file of several processes is never read whole (below): its NVTX rows need not stay.
+        reading = functools.partial(source.small_capture, keep_nvtx_rows=not several)
+        pending = pool.submit(reading) if overlap else None
         windows = source.op_slices(options.slice_rows)
         first = next(windows, None) if overlap else None
-        small = with_rank_hint(pending.result() if pending is not None else source.small_capture())
+        small = with_rank_hint(pending.result() if pending is not None else reading())
         needs_sequence = _needs_kernel_sequence(task, small)
         if needs_sequence and _may_read_whole(options, path) and not several:
             windows.close()

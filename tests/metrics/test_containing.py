@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from traceguard import model
 from traceguard.metrics import intervals, steps
@@ -119,3 +121,39 @@ def test_phases_searched_by_process_first_match_the_search_by_step(seed: int, mo
     monkeypatch.setattr(intervals, "_CHUNK", 13)
     expected = steps.containing_ids(points, "_p", phases, "phase_id", ["pid", "step_id"])
     assert steps._phase_ids(points, phases).to_list() == expected.to_list()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sorted_keys=st.lists(st.integers(-5, 40), max_size=30).map(lambda v: np.array(sorted(v), dtype=np.int64)),
+    runs=st.lists(st.tuples(st.integers(-8, 45), st.integers(1, 12)), max_size=25),
+)
+def test_search_by_runs_is_numpys(sorted_keys: np.ndarray, runs: list[tuple[int, int]]) -> None:
+    """``model._search_runs``: a search per run of equal keys (long runs: a graph launch's
+    kernels) or per key (short ones) gives ``np.searchsorted`` exactly."""
+    keys = np.array([key for key, length in runs for _ in range(length)], dtype=np.int64)
+    np.testing.assert_array_equal(model._search_runs(sorted_keys, keys), np.searchsorted(sorted_keys, keys))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_launch_rows_of_graph_launches_match_join(seed: int) -> None:
+    """Ops in runs sharing a correlation id (the kernels of one graph launch), some without a call."""
+    rng = np.random.default_rng(seed)
+    calls = model.conform(
+        pl.DataFrame(
+            {
+                "pid": pl.Series([7] * 30, dtype=pl.Int32),
+                "tid": pl.Series([1] * 30, dtype=pl.Int32),
+                "correlation_id": np.arange(0, 60, 2),
+                "start": np.arange(30) * 10,
+                "name_id": pl.Series([3] * 30, dtype=pl.Int32),
+            }
+        ),
+        model.API_CALLS_SCHEMA,
+    )
+    ids = np.repeat(rng.integers(0, 62, 12), rng.integers(1, 40, 12))
+    ops = model.conform(
+        pl.DataFrame({"pid": pl.Series([7] * ids.size, dtype=pl.Int32), "correlation_id": ids}), model.GPU_OPS_SCHEMA
+    )
+    want = [int(i) // 2 if i % 2 == 0 and i < 60 else None for i in ids]
+    assert model.launch_rows(ops, calls).to_list() == want

@@ -205,15 +205,17 @@ class SlicedNsys:
 
     # -- the small frames ----------------------------------------------------------------------
 
-    def small_capture(self) -> model.Capture:
+    def small_capture(self, *, keep_nvtx_rows: bool = True) -> model.Capture:
         """What ``read_nsys_sqlite(path, launches_only=True, keep_correlation=...)`` returns, but
-        with ``gpu_ops`` empty (its schema, launch columns included)."""
+        with ``gpu_ops`` empty (its schema, launch columns included). ``keep_nvtx_rows`` false:
+        the file will not be read whole, so :meth:`nvtx_rows` is not wanted (it would read the
+        table again) and its rows are not held under the ranges' build."""
         reader = self._reader
         with read_errors(self.shown):
             domains = reader.domain_names()
             info = reader.info(domains)
             self._graph_ops()  # names the graphs (reader.graph_strings)
-            ranges, folded = reader.ranges(self._strings, domains)
+            ranges, folded = reader.ranges(self._strings, domains, keep_rows=keep_nvtx_rows)
             capture = model.Capture(
                 info=info,
                 gpu_ops=model.empty({**model.GPU_OPS_SCHEMA, **model.LAUNCH_SCHEMA}),

@@ -1289,14 +1289,21 @@ class _Reader:
         self._nvtx = frame, folded
         return self._nvtx
 
-    def ranges(self, strings: pl.DataFrame, domains: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def ranges(
+        self, strings: pl.DataFrame, domains: dict[int, str], *, keep_rows: bool = True
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The closed push/pop and start/end ranges (:data:`model.RANGES_SCHEMA`, nested), and
-        those folded instead, counted per thread (:meth:`nvtx_rows`)."""
+        those folded instead, counted per thread (:meth:`nvtx_rows`). ``keep_rows`` false: the
+        caller wants no more of the table, so its rows are let go as the ranges are taken from
+        them, not held under the ranges' build (the per-op NVTX shape: 0.14 GB off that peak)."""
         rows, folded = self.nvtx_rows()
+        if not keep_rows:
+            self._nvtx = None
         if rows.height == 0:
             return model.empty(model.RANGES_SCHEMA), folded
         # Ranges only (push/pop, start/end), and only closed ones (an open range has no end).
         frame = rows.filter(pl.col("event") != NVTX_DOMAIN_CREATE).drop("event")
+        del rows
         if frame["end"].null_count():
             frame = frame.filter(pl.col("end").is_not_null())
         if frame.height == 0:
