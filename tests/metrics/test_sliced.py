@@ -269,3 +269,62 @@ def test_the_read_ahead_holds_one_slice_beyond_the_one_taken() -> None:
             break
     time.sleep(0.1)
     assert not [t for t in threading.enumerate() if t.name == "traceguard-slices"]
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name[-48:])
+def test_kernel_sequence_resolves_the_steps_all_ops_do(path: Path) -> None:
+    """The kernel sequence keeps the kernels and, of the copies and sets, only each process's
+    first-starting and last-ending per slice: inferred and window steps from it are those from
+    every op (real captures, one to sixty slices)."""
+    from traceguard.metrics.steps import resolve_steps
+
+    capture = with_rank(read_capture(path, keep_correlation=False), 0)
+    for sources in (("inferred",), ("window",)):
+        whole = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, (), sources)
+        for count in (1, 7, 60):
+            sequence = sliced.kernel_sequence(time_slices(capture.gpu_ops, count)())
+            assert sequence.height <= capture.gpu_ops.height
+            cut = resolve_steps(capture.ranges, sequence, capture.strings, (), sources)
+            assert_frame_equal(cut.steps, whole.steps)
+            assert (cut.source, cut.period_kernels) == (whole.source, whole.period_kernels), (sources, count)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["kernel", "memcpy", "memset", None]),
+            st.one_of(st.none(), st.integers(1, 3)),
+            st.one_of(st.none(), st.integers(0, 50)),
+            st.one_of(st.none(), st.integers(0, 30)),
+        ),
+        max_size=40,
+    ),
+    cuts=st.integers(1, 5),
+)
+def test_kernel_sequence_keeps_every_process_bounds(ops: list[tuple[Any, ...]], cuts: int) -> None:
+    """Per process, the first start and the last end of its ops with a start (what window and
+    inferred steps read of the other ops) and every kernel, in order, whatever the slices."""
+    frame = pl.DataFrame(
+        {
+            "rank": [0] * len(ops),
+            "pid": [pid for _, pid, _, _ in ops],
+            "device": [0] * len(ops),
+            "kind": [kind for kind, _, _, _ in ops],
+            "start": [start for _, _, start, _ in ops],
+            "end": [None if start is None or length is None else start + length for _, _, start, length in ops],
+            "name_id": list(range(len(ops))),
+        },
+        schema={c: sliced.GPU_OPS_SCHEMA[c] for c in sliced._SEQUENCE_COLUMNS},
+    )
+    parts = [frame[i * len(ops) // cuts : (i + 1) * len(ops) // cuts] for i in range(cuts)]
+    sequence = sliced.kernel_sequence(parts)
+    kernels = (pl.col("kind") == "kernel").fill_null(False)
+    assert_frame_equal(sequence.filter(kernels), frame.filter(kernels))
+    assert sequence["name_id"].is_sorted()  # the slices' order, kept
+
+    def bounds(ops: pl.DataFrame) -> pl.DataFrame:
+        timed = ops.filter(pl.col("pid").is_not_null() & pl.col("start").is_not_null())
+        return timed.group_by("pid").agg(pl.col("start").min(), pl.col("end").max()).sort("pid")
+
+    assert_frame_equal(bounds(sequence), bounds(frame))

@@ -1326,13 +1326,13 @@ class _Reader:
             frame = frame.with_columns(frame["text"].scatter(by_id.arg_true(), found))
         name = pl.col("text")
         domain_id = pl.col("domain_id")
-        domain = (
-            pl.when(domain_id.is_null() | (domain_id == 0))
-            .then(pl.lit(None, dtype=pl.String))
-            .otherwise(
-                domain_id.replace_strict(domains, default=pl.format("domain {}", domain_id), return_dtype=pl.String)
-            )
-        )
+        # Each domain id named once (a registered name, else "domain <id>"; 0 is none), not a
+        # formatted default and two string columns per row (2.6 M ranges: 0.1 GB at the peak).
+        named = {
+            key: None if key == 0 else domains.get(key, f"domain {key}")
+            for key in frame["domain_id"].unique().drop_nulls().to_list()
+        }
+        domain = domain_id.replace_strict(named, default=None, return_dtype=pl.String)
         payload = pl.lit(None, dtype=pl.Int64)
         peer = pl.lit(None, dtype=pl.Int32)
         if "payload" in frame.columns:
