@@ -479,10 +479,11 @@ def _kernel_sequences(source: Any, rows: int, by_pid: bool) -> dict[int | None, 
     ops' launches, per process when ``by_pid`` (else all under None): each rank's sequence is
     cut from these (:func:`_sequence_steps`) instead of each rank reading the file once more
     with its launches."""
-    from traceguard.metrics.sliced import kernel_sequence
+    from traceguard.metrics.sliced import kernel_sequence, prefetched
 
     parts: dict[int | None, list[pl.DataFrame]] = {}
-    for raw in source.op_slices(rows, launches=False):
+    # The next block is read (the C reader, no GIL) while this one is narrowed.
+    for raw in prefetched(source.op_slices(rows, launches=False)):
         narrow = kernel_sequence([raw])
         if not by_pid:
             parts.setdefault(None, []).append(narrow)
