@@ -326,11 +326,56 @@ static PyObject *running_max(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* [dict(zip(keys, values)) for values in zip(*columns)]: the keys a tuple of str, the columns
+ * lists of one length (rows.dicts_from_columns). */
+static PyObject *dicts_from_columns(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *keys, *columns;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &keys, &PyTuple_Type, &columns)) return NULL;
+    Py_ssize_t width = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(columns) != width) {
+        PyErr_SetString(PyExc_ValueError, "dicts_from_columns: a column per key expected");
+        return NULL;
+    }
+    Py_ssize_t n = -1;
+    for (Py_ssize_t k = 0; k < width; k++) {
+        PyObject *column = PyTuple_GET_ITEM(columns, k);
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, k)) || !PyList_CheckExact(column)) {
+            PyErr_SetString(PyExc_TypeError, "dicts_from_columns: str keys and list columns expected");
+            return NULL;
+        }
+        if (n >= 0 && PyList_GET_SIZE(column) != n) {
+            PyErr_SetString(PyExc_ValueError, "dicts_from_columns: columns of one length expected");
+            return NULL;
+        }
+        n = PyList_GET_SIZE(column);
+    }
+    if (n < 0) n = 0;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = _PyDict_NewPresized(width);
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, row);
+        for (Py_ssize_t k = 0; k < width; k++) {
+            if (PyDict_SetItem(row, PyTuple_GET_ITEM(keys, k), PyList_GET_ITEM(PyTuple_GET_ITEM(columns, k), i)) < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"feed", feed, METH_VARARGS, "Feed a device's ops, sorted by start, to the step breakdown's unions."},
     {"contain", contain, METH_VARARGS, "Per point, the row of the interval that contains it (intervals.containing_rows)."},
     {"group_union", group_union, METH_VARARGS, "Per group, the union length a chunk adds (sliced.GroupUnion.feed)."},
     {"running_max", running_max, METH_VARARGS, "Running maximum of int64 values (step_inference.running_max)."},
+    {"dicts_from_columns", dicts_from_columns, METH_VARARGS, "A dict per row from columns (intervals.dicts_from_columns)."},
     {NULL, NULL, 0, NULL},
 };
 

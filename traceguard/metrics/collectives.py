@@ -52,6 +52,7 @@ import polars as pl
 
 from traceguard.metrics.intervals import running_max, union_segments, union_sorted_np
 from traceguard.metrics.steps import containing_ids
+from traceguard.metrics.table_rows import frame_dicts
 from traceguard.model import OP_KINDS
 
 #: Collective types in report order (DESIGN.md); others follow by name.
@@ -304,8 +305,8 @@ def by_type(
 
 
 def _rows(table: pl.DataFrame) -> list[dict[str, Any]]:
-    """The table's rows as dicts, booleans as 0/1."""
-    return table.with_columns(pl.col(pl.Boolean).cast(pl.Int64)).to_dicts()
+    """The table's rows as dicts, booleans as 0/1 (built from its columns: 137 k step rows)."""
+    return frame_dicts(table.with_columns(pl.col(pl.Boolean).cast(pl.Int64)))
 
 
 def p2p_calls(ranges: pl.DataFrame, nccl_domain: str) -> pl.DataFrame:
