@@ -1,8 +1,9 @@
-"""Build script: the packages and the one C extension (metadata lives in pyproject.toml).
+"""Build script: the packages and the C extensions (metadata lives in pyproject.toml).
 
-The extension is optional: without a C compiler or SQLite's header (Debian: libsqlite3-dev) the
-package still installs, and the nsys reader uses ADBC for integer columns too (slower; see
-``traceguard/ingest/_int_scan.c``).
+Each extension is optional: without a C compiler or SQLite's header (Debian: libsqlite3-dev) the
+package still installs, the nsys reader uses ADBC for integer columns too (slower; see
+``traceguard/ingest/_int_scan.c``), and the metrics' and the report's loops run in NumPy and
+Python (``traceguard/metrics/_breakdown.c``, ``traceguard/report/_rows.c``).
 """
 
 from setuptools import Extension, find_namespace_packages, setup
