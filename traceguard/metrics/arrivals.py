@@ -126,7 +126,29 @@ def _against_compute(
     start: np.ndarray, end: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel [start, end): its time with no compute segment beside it, and the end of the last
-    compute that overlaps it (its start when none). The segments are sorted and disjoint."""
+    compute that overlaps it (its start when none). The segments are sorted and disjoint.
+
+    Only the segments that overlap some kernel count for either, so those are taken first where
+    they are few: a whole-file analysis hands every compute segment of the window (10 M at 10 M
+    kernels), whose sums over all of them were fresh 80 MB arrays (0.04-0.4 s by the page faults)."""
+    if seg_start.size == 0:
+        return end - start, start.copy()
+    first = np.searchsorted(seg_end, start, side="right")  # the first segment ending after the start
+    past = np.searchsorted(seg_start, end, side="left")  # the first starting at or after the end
+    counts = np.maximum(past - first, 0)
+    total = int(counts.sum())
+    if total <= seg_start.size // 4:
+        # Each kernel's run of segments, numbered by a running count: one index per (kernel, segment).
+        offsets = np.repeat(first - np.cumsum(counts) + counts, counts)
+        near = np.unique(offsets + np.arange(total, dtype=np.int64))
+        return _against_all(start, end, seg_start[near], seg_end[near])
+    return _against_all(start, end, seg_start, seg_end)
+
+
+def _against_all(
+    start: np.ndarray, end: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_against_compute` over every segment given."""
     if seg_start.size == 0:
         return end - start, start.copy()
     lengths = np.cumsum(seg_end - seg_start)
