@@ -596,7 +596,7 @@ def _step_rows(
         for step_id, name, phase in zip(grouped["step_id"].to_list(), grouped["name"].to_list(), times, strict=True):
             phase_rows.setdefault(step_id, {})[name] = phase
 
-    # Every value as a column, then a dict per row from them (table_rows): 137 k steps of the
+    # Every value as a column, then a dict per row from them (table_rows): 68 k steps of the
     # CUDA-graph shape, where a dict literal per row in a Python loop took 0.1 s more.
     # (Casts as int() took each value: the columns are integers already.)
     span = pl.col("gpu_end") - pl.col("gpu_start")  # null where the step has no GPU span
