@@ -222,6 +222,26 @@ def test_a_column_added_later_reads_null_in_older_rows(tmp_path: Path) -> None:
     assert read["b"].to_list() == [None, None, 30]
 
 
+@pytest.mark.parametrize("serial_type", [10, 11])
+def test_a_reserved_serial_type_is_never_read(tmp_path: Path, serial_type: int) -> None:
+    """A record header naming a reserved serial type (10, 11: no value size is defined for them)
+    before or at a column read: the reader gives way (None), as SQLite calls that record corrupt.
+    Each header byte is looked up in a table of one-byte types, so both are checked."""
+    db = _made(tmp_path, "CREATE TABLE t (a INTEGER, b INTEGER, c INTEGER)", "INSERT INTO t VALUES (5, 6, 7)")
+    data = bytearray(db.read_bytes())
+    record = bytes([4, 1, 1, 1, 5, 6, 7])  # header length 4, three 1-byte integers, then 5, 6, 7
+    at = data.index(record)
+    data[at + 2] = serial_type  # column b's type
+    db.write_bytes(bytes(data))
+    reader = _reader(db)
+    try:
+        assert _read(reader, "t", ["a"], Rows()).equals(_sqlite(db, "t", ["a"], Rows()))  # before it: read
+        assert _read(reader, "t", ["b"], Rows()) is None
+        assert _read(reader, "t", ["c"], Rows()) is None
+    finally:
+        reader.close()
+
+
 @pytest.fixture(scope="module")
 def small_capture(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A real export's bytes (the smallest own H200 capture) to damage."""

@@ -684,8 +684,13 @@ static const uint8_t *tree_page(Tree *t, int64_t pgno) {
     return t->single;
 }
 
-/* A varint within [p, end): its length (0: runs past end). */
+/* A varint within [p, end): its length (0: runs past end). One byte (a record header's types,
+   short payloads) is the common case and is taken first. */
 static inline int tree_varint(const uint8_t *p, const uint8_t *end, uint64_t *v) {
+    if (p < end && p[0] < 0x80) {
+        *v = p[0];
+        return 1;
+    }
     uint64_t x = 0;
     for (int i = 0; i < 8; i++) {
         if (p + i >= end) return 0;
@@ -699,6 +704,19 @@ static inline int tree_varint(const uint8_t *p, const uint8_t *end, uint64_t *v)
     *v = (x << 8) | p[8];
     return 9;
 }
+
+/* The size of a value of each one-byte serial type (the file format's table; 10 and 11 are
+   reserved: TREE_BAD_TYPE). */
+#define TREE_BAD_TYPE 0xFF
+static const uint8_t TREE_TYPE_SIZE[128] = {
+    0, 1, 2, 3, 4, 6, 8, 8, 0, 0, TREE_BAD_TYPE, TREE_BAD_TYPE,
+    0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9,
+    10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 16, 16, 17, 17, 18, 18, 19, 19,
+    20, 20, 21, 21, 22, 22, 23, 23, 24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29,
+    30, 30, 31, 31, 32, 32, 33, 33, 34, 34, 35, 35, 36, 36, 37, 37, 38, 38, 39, 39,
+    40, 40, 41, 41, 42, 42, 43, 43, 44, 44, 45, 45, 46, 46, 47, 47, 48, 48, 49, 49,
+    50, 50, 51, 51, 52, 52, 53, 53, 54, 54, 55, 55, 56, 56, 57, 57,
+};
 
 static inline int64_t tree_int(const uint8_t *p, int n) {
     int64_t v = (int8_t)p[0];
@@ -777,15 +795,16 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
     int reached = 0; /* the record's columns parsed (a record may end before the table's last) */
     for (; reached <= t->max_wanted && h < h_end; reached++) {
         uint64_t type, size;
-        k = tree_varint(h, h_end, &type);
-        if (!k) return -1;
-        h += k;
-        if (type <= 4) size = type;
-        else if (type == 5) size = 6;
-        else if (type == 6 || type == 7) size = 8;
-        else if (type == 8 || type == 9) size = 0;
-        else if (type >= 12) size = (type - 12) / 2;
-        else return -1; /* 10, 11: reserved */
+        if (*h < 0x80) { /* a one-byte type: every number, and text or bytes under 58 bytes */
+            type = *h++;
+            size = TREE_TYPE_SIZE[type];
+            if (size == TREE_BAD_TYPE) return -1; /* 10, 11: reserved */
+        } else {
+            k = tree_varint(h, h_end, &type);
+            if (!k) return -1;
+            h += k;
+            size = (type - 12) / 2; /* two bytes or more: 128 and up, text or bytes */
+        }
         if (size > payload - body) return -1;
         if (read_here[reached]) {
             types[reached] = type;
