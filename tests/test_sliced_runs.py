@@ -339,3 +339,29 @@ def test_a_read_error_in_a_shared_read_is_the_inputs_error(
     got = _finishes(lambda: pipeline.analyze(inputs, scheduler="serial", sliced_above=0))
     assert isinstance(got, NoUsableInputError)
     assert "page 7 of the export does not parse" in str(got)
+
+
+def test_ranks_planned_wrong_from_the_first_slice_are_analysed_again(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first slice plans a file's GPU processes; the census of every slice, taken by the
+    shared read, confirms them or has the file analysed again under the confirmed ones (here the
+    first plan has the two in the wrong order, as when the process with the lower device starts
+    its GPU work later). The second attempt starts from the same small capture (ranges, strings):
+    the report is the whole read's."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    real = mapreduce.gpu_processes
+    plans: list[list[int]] = []
+
+    def first_plan_reversed(capture: Any) -> list[int]:
+        pids = real(capture)
+        plans.append(pids)
+        return pids[::-1] if len(plans) == 1 else pids
+
+    monkeypatch.setattr(mapreduce, "gpu_processes", first_plan_reversed)
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert len(plans) >= 2 and len(plans[0]) == 2  # planned, then confirmed otherwise
+    assert sorted(sliced_ranks) == [0, 0, 1, 1]  # both ranks analysed twice
+    assert [r["rank"] for r in sliced["ranks"]] == [0, 1]
+    assert _same(sliced) == _same(whole)
