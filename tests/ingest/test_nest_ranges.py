@@ -69,3 +69,13 @@ def test_per_op_nvtx_ranges_of_a_real_capture(unpacked) -> None:
         _by_expression(plain).select(ranges.columns).sort("range_id"),
     )
     assert np.all(ranges.filter(pl.col("depth") == 0)["parent"].is_null().to_numpy())
+
+
+def test_nesting_a_frame_handed_over_takes_it_and_nests_it_alike(unpacked) -> None:
+    """``nest_taken`` (the nsys reader hands its ranges over, so the unsorted frame is let go
+    once sorted) takes the frame out of the holder and gives what ``nest_ranges`` gives."""
+    plain = read_nsys_sqlite(unpacked(public_nsys("mfu_2gpu_before"))).ranges.drop("depth", "parent")
+    holder = [plain.clone()]
+    got = model.nest_taken(holder)
+    assert holder == []
+    assert_frame_equal(got, model.nest_ranges(plain))

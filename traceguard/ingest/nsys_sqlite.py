@@ -1365,8 +1365,10 @@ class _Reader:
             peer.alias("payload_peer"),
             pl.int_range(pl.len(), dtype=pl.Int64).alias("range_id"),
         )
-        nested = model.nest_ranges(model.conform(frame, model.RANGES_SCHEMA))
-        return model.conform(nested, model.RANGES_SCHEMA), folded
+        # Handed over whole: the nesting lets the unsorted frame go once it has sorted it.
+        holder = [model.conform(frame, model.RANGES_SCHEMA)]
+        del frame
+        return model.conform(model.nest_taken(holder), model.RANGES_SCHEMA), folded
 
     def devices(self) -> pl.DataFrame:
         table = "TARGET_INFO_GPU"
