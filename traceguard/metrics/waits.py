@@ -476,7 +476,13 @@ def _lateness(result: WaitResult, aligned: pl.DataFrame, ranks: list[int]) -> No
     late_rank = min(r for r, n in counts.items() if n == top)
     result.metrics["late_rank"] = late_rank
     own = lasts.filter(pl.col("rank") == late_rank)
-    phases = own.filter(pl.col("phase").is_not_null()).group_by("phase").len().sort("len", descending=True)
+    # Most calls first; a tie by name (a group-by's order is arbitrary: the report must not vary).
+    phases = (
+        own.filter(pl.col("phase").is_not_null())
+        .group_by("phase")
+        .len()
+        .sort(["len", "phase"], descending=[True, False])
+    )
     result.late = {
         "rank": late_rank,
         "last_arrivals": top,
