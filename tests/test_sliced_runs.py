@@ -365,3 +365,43 @@ def test_ranks_planned_wrong_from_the_first_slice_are_analysed_again(
     assert sorted(sliced_ranks) == [0, 0, 1, 1]  # both ranks analysed twice
     assert [r["rank"] for r in sliced["ranks"]] == [0, 1]
     assert _same(sliced) == _same(whole)
+
+
+def test_the_sequence_read_begun_beside_the_nvtx_table_is_let_go_when_ranges_settle_the_steps(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of several ranks with a large NVTX table: its kernel sequences are read while the
+    table is (their steps usually need them). Where its ranges settle the steps after all (here a
+    step pattern), that read is stopped and let go, and the ranks are planned from the first
+    slice read then: the report is the whole read's; and with the sequences used, it is too."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
+    closed: list[bool] = []
+    finished: list[bool] = []
+    close, finish = mapreduce._SequenceRead.close, mapreduce._SequenceRead.finish
+
+    def spied_close(self: Any) -> None:
+        closed.append(True)
+        close(self)
+
+    def spied_finish(self: Any, by_pid: bool) -> Any:
+        finished.append(by_pid)
+        return finish(self, by_pid)
+
+    monkeypatch.setattr(mapreduce._SequenceRead, "close", spied_close)
+    monkeypatch.setattr(mapreduce._SequenceRead, "finish", spied_finish)
+    pattern = ["^record_param_comms"]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40, step_patterns=pattern).report
+    assert [r["step_source"] for r in whole["ranks"]] == ["pattern", "pattern"]
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0, step_patterns=pattern).report
+    assert closed == [True] and finished == []
+    assert sorted(sliced_ranks) == [0, 1]
+    # Each of these steps' phases has one call: the late rank's phases tie, and are named in order.
+    launched_in = whole["run"]["late_rank"]["launched_in"]
+    assert [p["calls"] for p in launched_in] == [1, 1, 1]
+    assert launched_in == sorted(launched_in, key=lambda p: p["phase"])
+    assert _same(sliced) == _same(whole)
+    inferred_whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    inferred = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert finished == [True]  # the sequences read beside the table, by process
+    assert _same(inferred) == _same(inferred_whole)

@@ -400,9 +400,28 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         reading = functools.partial(source.small_capture, keep_nvtx_rows=not several)
         pending = pool.submit(reading) if overlap else None
         windows = source.op_slices(options.slice_rows)
-        first = next(windows, None) if overlap else None
-        small = with_rank_hint(pending.result() if pending is not None else reading())
-        needs_sequence = _needs_kernel_sequence(task, small)
+        # A file of several ranks is never read whole. While its NVTX table is still being read,
+        # its kernel sequences are read (wanted unless its ranges settle the steps: then that read
+        # stops where it is and is let go) and its launch join's API passes are made; the first
+        # block of the sequence read plans the ranks. Else the first slice is read meanwhile: it
+        # plans the ranks and starts the first rank's first read (not read twice).
+        early = _SequenceRead(source, options.slice_rows) if pending is not None and several else None
+        first_read = pending is not None and early is None
+        first = next(windows, None) if first_read else None
+        try:
+            if early is not None and pending is not None:
+                busy = pending
+                early.read_while(lambda: not busy.done())
+                source.prepare_launches(lambda: not busy.done())
+            small = with_rank_hint(pending.result() if pending is not None else reading())
+            needs_sequence = _needs_kernel_sequence(task, small)
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
+        if early is not None and not needs_sequence:
+            early.close()
+            early = None
         if needs_sequence and _may_read_whole(options, path) and not several:
             windows.close()
             return _ReadWhole(source.nvtx_rows())
@@ -412,13 +431,22 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         describe(record, small)
         outcome.stated = stated_rank(spec, small.info.rank_hint)
         outcome.uses_rank_count = small.info.world_size is None
-        if not overlap:
-            first = next(windows, None)
-        pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
-        started: list[Any] | None = [first, windows] if first is not None else None
-        del first
+        started: list[Any] | None = None
+        if early is not None:  # the ranks planned from the sequence read's first block
+            windows.close()
+            pids = gpu_processes(replace(small, gpu_ops=_census_frame(early.first_census)))
+        else:
+            if not first_read:
+                first = next(windows, None)
+            pids = gpu_processes(replace(small, gpu_ops=first)) if first is not None else []
+            started = [first, windows] if first is not None else None
+            del first
         # Every process's kernel sequence in one read without launches, not one read per rank.
-        sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1) if needs_sequence else None
+        sequences = None
+        if early is not None:
+            sequences = early.finish(len(pids) > 1)
+        elif needs_sequence:
+            sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1)
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
@@ -479,18 +507,84 @@ def _kernel_sequences(source: Any, rows: int, by_pid: bool) -> dict[int | None, 
     ops' launches, per process when ``by_pid`` (else all under None): each rank's sequence is
     cut from these (:func:`_sequence_steps`) instead of each rank reading the file once more
     with its launches."""
-    from traceguard.metrics.sliced import kernel_sequence, prefetched
-
     parts: dict[int | None, list[pl.DataFrame]] = {}
-    # The next block is read (the C reader, no GIL) while this one is narrowed.
-    for raw in prefetched(source.op_slices(rows, launches=False)):
-        narrow = kernel_sequence([raw])
+    _add_sequences(parts, _narrowed(_sequence_blocks(source, rows)), by_pid)
+    return parts
+
+
+def _sequence_blocks(source: Any, rows: int) -> Iterator[pl.DataFrame]:
+    """The file's ops without launches, the next block read (the C reader, no GIL) while this
+    one is narrowed."""
+    from traceguard.metrics.sliced import prefetched
+
+    return prefetched(source.op_slices(rows, launches=False))
+
+
+def _add_sequences(parts: dict[int | None, list[pl.DataFrame]], narrowed: Iterable[pl.DataFrame], by_pid: bool) -> None:
+    """Each block's kernel sequence added to ``parts``, by process when ``by_pid``."""
+    for narrow in narrowed:
         if not by_pid:
             parts.setdefault(None, []).append(narrow)
             continue
         for (pid,), frame in narrow.partition_by("pid", as_dict=True).items():
             parts.setdefault(pid, []).append(frame)
-    return parts
+
+
+def _narrowed(blocks: Iterable[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    from traceguard.metrics.sliced import kernel_sequence
+
+    for raw in blocks:
+        yield kernel_sequence([raw])
+        del raw
+
+
+class _SequenceRead:
+    """:func:`_kernel_sequences`, read in two goes: as far as it gets while something else is
+    read (:meth:`read_while`), then the rest (:meth:`finish`, which also splits it by process
+    once the processes are known), or let go (:meth:`close`)."""
+
+    def __init__(self, source: Any, rows: int) -> None:
+        self._narrowed: list[pl.DataFrame] = []
+        self._blocks = _sequence_blocks(source, rows)
+        #: The processes of the first block and their lowest devices (:func:`_count_processes`):
+        #: what the first slice of a read with launches would plan the ranks from.
+        self.first_census: dict[int, int | None] = {}
+        self._first = True
+
+    def read_while(self, going_on: Callable[[], bool]) -> None:
+        """Read and narrow blocks while ``going_on()`` (asked before each block is taken)."""
+        while going_on():
+            raw = next(self._blocks, None)
+            if raw is None:
+                return
+            self._take(raw)
+            del raw
+
+    def _take(self, raw: pl.DataFrame) -> None:
+        if self._first:
+            _count_processes(self.first_census, raw)
+            self._first = False
+        self._narrowed.extend(_narrowed([raw]))
+
+    def finish(self, by_pid: bool) -> dict[int | None, list[pl.DataFrame]]:
+        """:func:`_kernel_sequences`' answer: the rest read now."""
+        self.read_while(lambda: True)
+        parts: dict[int | None, list[pl.DataFrame]] = {}
+        narrowed, self._narrowed = self._narrowed, []
+        _add_sequences(parts, _drained(narrowed), by_pid)
+        return parts
+
+    def close(self) -> None:
+        """Stop the read and let go of what it read."""
+        self._blocks.close()
+        self._narrowed = []
+
+
+def _drained(frames: list[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """``frames`` in order, each let go by the list as it is taken."""
+    frames.reverse()
+    while frames:
+        yield frames.pop()
 
 
 def _sequence_steps(
