@@ -393,3 +393,34 @@ def test_side_output_parts_share_one_schema(tmp_path: Path, monkeypatch: pytest.
     assert steps.filter(pl.col("rank") == 0)["nvlink_avg_pct"].is_not_null().any()
     assert steps.filter(pl.col("rank") == 1)["nvlink_avg_pct"].is_null().all()
     assert [e for batch in rank_entries(tmp_path / "d") for e in batch] == full["ranks"]
+
+
+@pytest.mark.parametrize(
+    ("capture", "expected_early"),
+    [(H200 / "p2p_nsys" / "cap_0.sqlite.gz", True), (public_nsys("mfu_2gpu_before"), False)],
+    ids=["one rank", "two ranks"],
+)
+def test_steps_inferred_while_the_launches_are_joined_give_the_same_report(
+    unpacked, monkeypatch: pytest.MonkeyPatch, capture: Path, expected_early: bool
+) -> None:
+    """A file read whole whose steps come from its kernel sequence has them inferred on a thread
+    while the read joins its ops' launches (inference reads no launch column): the report is the
+    one of inferring them after the read; a file of two ranks is left to each rank's analysis."""
+    from traceguard import mapreduce
+
+    inputs = [str(unpacked(capture))]
+    used: list[bool] = []
+    steps_of = mapreduce._EarlySteps.steps_of
+
+    def spied(self: Any, rank: int) -> Any:
+        found = steps_of(self, rank)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(mapreduce._EarlySteps, "steps_of", spied)
+    early = pipeline.analyze(inputs, scheduler="serial", step_sources=["inferred"], sliced_above=1 << 40).report
+    assert used == ([True] if expected_early else [])
+    assert {r["step_source"] for r in early["ranks"]} == {"inferred"}
+    monkeypatch.setattr(mapreduce._EarlySteps, "start", lambda self, capture: None)
+    late = pipeline.analyze(inputs, scheduler="serial", step_sources=["inferred"], sliced_above=1 << 40).report
+    assert _same(early) == _same(late)

@@ -70,6 +70,7 @@ from traceguard.ingest import (
     read_capture,
     resolve_ranks,
     stated_rank,
+    with_rank,
     with_rank_hint,
 )
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
@@ -317,25 +318,70 @@ def _map_input(task: MapTask) -> MapOutcome:
         except TraceguardError as exc:  # the slices are read as the analysis goes: a read error
             record.error, record.error_code = str(exc), exc.code
             return MapOutcome(task.index, record)
-    try:
-        capture = read_capture(path, shown=str(spec.path), keep_correlation=False, nvtx_rows=nvtx_rows)
-    except TraceguardError as exc:
-        record.error, record.error_code = str(exc), exc.code
+    with _EarlySteps(task) as early:
+        try:
+            capture = read_capture(
+                path, shown=str(spec.path), keep_correlation=False, nvtx_rows=nvtx_rows, on_ops=early.start
+            )
+        except TraceguardError as exc:
+            record.error, record.error_code = str(exc), exc.code
+            return outcome
+        describe(record, capture)
+        pids = gpu_processes(capture)
+        outcome.stated = stated_rank(spec, capture.info.rank_hint)
+        outcome.width = max(len(pids), 1)
+        outcome.uses_rank_count = capture.info.world_size is None
+        task = _replanned(task, outcome)
+        assignment = task.assignment
+        if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
+            return outcome  # planned under other ranks than the file holds: the reducer plans it again
+        parts = rank_parts(capture, pids, assignment)
+        for rank, part in parts:
+            resolved = early.steps_of(rank) if len(parts) == 1 else None
+            outcome.results.append(analyse_rank(rank, part, resolved_steps=resolved, **_rank_options(task)))
+            outcome.copies.append(copy_summary(rank, part))
+        outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
         return outcome
-    describe(record, capture)
-    pids = gpu_processes(capture)
-    outcome.stated = stated_rank(spec, capture.info.rank_hint)
-    outcome.width = max(len(pids), 1)
-    outcome.uses_rank_count = capture.info.world_size is None
-    task = _replanned(task, outcome)
-    assignment = task.assignment
-    if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
-        return outcome  # planned under other ranks than the file holds: the reducer plans it again
-    for rank, part in rank_parts(capture, pids, assignment):
-        outcome.results.append(analyse_rank(rank, part, **_rank_options(task)))
-        outcome.copies.append(copy_summary(rank, part))
-    outcome.analysed_as = (tuple(assignment.ranks), task.ranks_analysed)
-    return outcome
+
+
+class _EarlySteps:
+    """The steps of a file of one rank read whole, inferred on a thread while the read joins its
+    ops' launches (``read_capture``'s ``on_ops``; inference reads no launch column): on the
+    10 M-kernel export, 0.3-0.5 s off ``--step-source inferred``, which reads it whole. Started
+    only where the ranges do not settle the steps (then finding them is quick) and the file is
+    planned as one rank; used only for the rank it was started for."""
+
+    def __init__(self, task: MapTask) -> None:
+        self.task = task
+        self._pool: ThreadPoolExecutor | None = None
+        self._steps: Future[Any] | None = None
+        self._rank: int | None = None
+
+    def start(self, capture: Capture) -> None:
+        from traceguard.metrics.sliced import steps_from_ranges
+        from traceguard.metrics.steps import resolve_steps
+
+        assignment, options = self.task.assignment, _rank_options(self.task)
+        if assignment is None or assignment.error or len(assignment.ranks) != 1 or len(gpu_processes(capture)) > 1:
+            return
+        patterns, sources = options["step_patterns"], options["step_sources"]
+        if steps_from_ranges(capture, patterns, sources) is not None:
+            return
+        self._rank = assignment.ranks[0]
+        part = with_rank(capture, self._rank)  # what rank_parts gives a file of one process
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="traceguard-steps")
+        self._steps = self._pool.submit(resolve_steps, part.ranges, part.gpu_ops, part.strings, patterns, sources)
+
+    def steps_of(self, rank: int) -> Any | None:
+        """The steps found early for ``rank`` (an error of that search raised here), else None."""
+        return self._steps.result() if self._steps is not None and rank == self._rank else None
+
+    def __enter__(self) -> _EarlySteps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _replanned(task: MapTask, outcome: MapOutcome) -> MapTask:

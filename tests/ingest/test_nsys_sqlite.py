@@ -551,3 +551,23 @@ def test_per_op_ranges_are_counted_in_each_rank_s_health(unpacked) -> None:
         # The folded ranges are default-domain ones, as every per-op range of this capture is.
         default = part.ranges.filter(pl.col("domain").is_null()).height
         assert health["default_domain_ranges"] == default + per_pid[pids[rank]]
+
+
+@pytest.mark.parametrize("name", ["mfu_2gpu_before", "h100_2gpu_1s", "saxpy"])
+def test_the_capture_before_its_launches_are_joined_is_the_capture_less_its_launches(name: str, unpacked) -> None:
+    """``on_ops`` sees the capture once, before the launch join: the same ranges, strings, devices
+    and processes as the capture returned, and the same ops, row for row, without launch values."""
+    from polars.testing import assert_frame_equal
+
+    seen: list[model.Capture] = []
+    capture = read_nsys_sqlite(
+        unpacked(public_nsys(name)), launches_only=True, keep_correlation=False, on_ops=seen.append
+    )
+    (early,) = seen
+    for frame in ("ranges", "strings", "devices", "processes", "folded_ranges"):
+        assert_frame_equal(getattr(early, frame), getattr(capture, frame))
+    assert early.api_calls.height == 0
+    assert early.gpu_ops["correlation_id"].null_count() < early.gpu_ops.height  # not joined yet
+    assert not set(model.LAUNCH_SCHEMA) & set(early.gpu_ops.columns)
+    plain = [c for c in early.gpu_ops.columns if c not in model.LAUNCH_SCHEMA and c != "correlation_id"]
+    assert_frame_equal(early.gpu_ops.select(plain), capture.gpu_ops.select(plain))

@@ -163,6 +163,7 @@ def read_capture(
     shown: str | None = None,
     keep_correlation: bool = True,
     nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    on_ops: Callable[[model.Capture], None] | None = None,
 ) -> model.Capture:
     """Read one capture file of any supported format; every error it raises names the file.
 
@@ -170,10 +171,12 @@ def read_capture(
     ``path`` is that path made absolute for a worker elsewhere); by default ``path`` itself.
     ``keep_correlation=False`` (the analysis' map): an nsys export's ops lose their correlation
     ids once their launches are joined (no metric reads them; ~9 bytes an op). ``nvtx_rows``: an
-    nsys export's NVTX rows read already by another reader of this file (``read_nsys_sqlite``)."""
+    nsys export's NVTX rows read already by another reader of this file (``read_nsys_sqlite``).
+    ``on_ops``: an nsys export's capture before its launches are joined (``read_nsys_sqlite``);
+    not called for other formats."""
     name = shown or str(path)
     try:
-        return _read_capture(path, name, keep_correlation, nvtx_rows)
+        return _read_capture(path, name, keep_correlation, nvtx_rows, on_ops)
     except TraceguardError as exc:
         if shown and str(path) != shown:
             exc.message = exc.message.replace(str(path), shown)
@@ -183,18 +186,31 @@ def read_capture(
 
 
 def _read_capture(
-    path: Path, shown: str, keep_correlation: bool, nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None
+    path: Path,
+    shown: str,
+    keep_correlation: bool,
+    nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    on_ops: Callable[[model.Capture], None] | None = None,
 ) -> model.Capture:
     kind = sniff(path)
     # The analysis needs only the CUDA calls that launched GPU work, joined to the ops as the
     # ops' launch columns (a third of the API rows on real captures, and no join left to do).
     if kind == "nsys-sqlite":
         capture = read_nsys_sqlite(
-            path, source_path=shown, launches_only=True, keep_correlation=keep_correlation, nvtx_rows=nvtx_rows
+            path,
+            source_path=shown,
+            launches_only=True,
+            keep_correlation=keep_correlation,
+            nvtx_rows=nvtx_rows,
+            on_ops=on_ops,
         )
     elif kind == "nsys-rep":
         capture = read_nsys_sqlite(
-            export_to_sqlite(path), source_path=shown, launches_only=True, keep_correlation=keep_correlation
+            export_to_sqlite(path),
+            source_path=shown,
+            launches_only=True,
+            keep_correlation=keep_correlation,
+            on_ops=on_ops,
         )
         capture.info.format = "nsys-rep"
     else:

@@ -218,6 +218,7 @@ def read_nsys_sqlite(
     launches_only: bool = False,
     keep_correlation: bool = True,
     nvtx_rows: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    on_ops: Callable[[Capture], None] | None = None,
 ) -> Capture:
     """Read one nsys SQLite export (or a gzipped one) into the normalized model; rank stays null.
 
@@ -236,12 +237,16 @@ def read_nsys_sqlite(
     ``nvtx_rows``: what another reader of the same file read of its NVTX table
     (:meth:`_Reader.nvtx_rows`), not read again (the sliced reader's look at a file it then
     hands to this read whole: a per-op capture's table is most of its file).
+
+    ``on_ops``: called with the capture as read before the launches are joined to its ops (no
+    launch columns yet, ``api_calls`` empty, everything else as returned), for work that needs
+    only the ops and the ranges to start meanwhile (the analysis' step inference).
     """
     reader = open_reader(Path(path), source_path or str(path), launches_only, keep_correlation)
     reader._nvtx = nvtx_rows
     try:
         with read_errors(reader.shown):
-            capture = reader.read()
+            capture = reader.read(on_ops)
         _release_free_memory()
         return capture
     finally:
@@ -528,7 +533,8 @@ class _Reader:
 
     # -- the model -----------------------------------------------------------------------------
 
-    def read(self) -> model.Capture:
+    def read(self, on_ops: Callable[[model.Capture], None] | None = None) -> model.Capture:
+        """The whole capture (:func:`read_nsys_sqlite`, whose ``on_ops`` this calls)."""
         self.check_nsys()
         self.check_row_limit()
         strings = self.strings()
@@ -539,6 +545,20 @@ class _Reader:
             info = self.info(domains)
             gpu_ops = self.gpu_ops()
             ranges, folded = self.ranges(strings, domains)
+            devices, processes, named = self.devices(), self.processes(), self.all_strings(strings)
+            if on_ops is not None:
+                on_ops(
+                    model.Capture(
+                        info=info,
+                        gpu_ops=gpu_ops,
+                        api_calls=model.empty(model.API_CALLS_SCHEMA),
+                        ranges=ranges,
+                        folded_ranges=folded,
+                        devices=devices,
+                        processes=processes,
+                        strings=named,
+                    )
+                )
             api_calls = self.finish_api_calls(pending, launch_ids)
         finally:
             pending.close()
@@ -553,9 +573,9 @@ class _Reader:
             api_calls=api_calls,
             ranges=ranges,
             folded_ranges=folded,
-            devices=self.devices(),
-            processes=self.processes(),
-            strings=self.all_strings(strings),
+            devices=devices,
+            processes=processes,
+            strings=named,
         )
         self.add_link_samples(capture)
         info.notes.extend(self.text_notes())

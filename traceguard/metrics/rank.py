@@ -87,9 +87,17 @@ def analyse_rank(
     step_sources: Sequence[str] = STEP_SOURCES,
     ranks_analysed: int = 1,
     small_bytes: int = small.DEFAULT_SMALL_BYTES,
+    resolved_steps: ResolvedSteps | None = None,
 ) -> RankResult:
+    """The rank's result from its whole capture. ``resolved_steps``: its steps found already
+    (what :func:`resolve_steps` gives of the same ranges, ops and strings; the map finds them
+    while the read joins the launches), else found here."""
     info = capture.info
-    resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, step_patterns, step_sources)
+    resolved = (
+        resolved_steps
+        if resolved_steps is not None
+        else resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, step_patterns, step_sources)
+    )
     steps = resolved.steps
     phases = find_phases(capture.ranges, steps) if not resolved.gpu_timed else find_phases(capture.ranges, steps[:0])
     ops = attribute(capture.gpu_ops, capture.api_calls, steps, phases, gpu_timed=resolved.gpu_timed)
