@@ -424,3 +424,20 @@ def test_steps_inferred_while_the_launches_are_joined_give_the_same_report(
     monkeypatch.setattr(mapreduce._EarlySteps, "start", lambda self, capture: None)
     late = pipeline.analyze(inputs, scheduler="serial", step_sources=["inferred"], sliced_above=1 << 40).report
     assert _same(early) == _same(late)
+
+
+def test_a_failure_of_the_early_step_search_is_not_taken_for_a_damaged_file(
+    unpacked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early search starts inside the read, whose errors become the input's ("a damaged nsys
+    export"); its own work runs on its thread and fails where the rank's analysis would: a fault
+    of the analysis stays one, not an error blamed on the file."""
+    import traceguard.metrics.sliced as sliced_module
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise pl.exceptions.InvalidOperationError("a fault of the analysis")
+
+    monkeypatch.setattr(sliced_module, "steps_from_ranges", broken)
+    inputs = [str(unpacked(H200 / "p2p_nsys" / "cap_0.sqlite.gz"))]
+    with pytest.raises(pl.exceptions.InvalidOperationError, match="a fault of the analysis"):
+        pipeline.analyze(inputs, scheduler="serial", step_sources=["inferred"], sliced_above=1 << 40)

@@ -358,22 +358,29 @@ class _EarlySteps:
         self._rank: int | None = None
 
     def start(self, capture: Capture) -> None:
+        """Start the search (called inside the read: nothing of the analysis runs here, so a
+        failure of it is raised by :meth:`steps_of`, not taken for a damaged file)."""
+        assignment = self.task.assignment
+        if assignment is None or assignment.error or len(assignment.ranks) != 1:
+            return
+        self._rank = assignment.ranks[0]
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="traceguard-steps")
+        self._steps = self._pool.submit(self._search, capture, self._rank)
+
+    def _search(self, capture: Capture, rank: int) -> Any | None:
         from traceguard.metrics.sliced import steps_from_ranges
         from traceguard.metrics.steps import resolve_steps
 
-        assignment, options = self.task.assignment, _rank_options(self.task)
-        if assignment is None or assignment.error or len(assignment.ranks) != 1 or len(gpu_processes(capture)) > 1:
-            return
+        options = _rank_options(self.task)
         patterns, sources = options["step_patterns"], options["step_sources"]
-        if steps_from_ranges(capture, patterns, sources) is not None:
-            return
-        self._rank = assignment.ranks[0]
-        part = with_rank(capture, self._rank)  # what rank_parts gives a file of one process
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="traceguard-steps")
-        self._steps = self._pool.submit(resolve_steps, part.ranges, part.gpu_ops, part.strings, patterns, sources)
+        if len(gpu_processes(capture)) > 1 or steps_from_ranges(capture, patterns, sources) is not None:
+            return None  # several ranks, or steps the rank's analysis finds at once
+        part = with_rank(capture, rank)  # what rank_parts gives a file of one process
+        return resolve_steps(part.ranges, part.gpu_ops, part.strings, patterns, sources)
 
     def steps_of(self, rank: int) -> Any | None:
-        """The steps found early for ``rank`` (an error of that search raised here), else None."""
+        """The steps found early for ``rank`` (an error of that search raised here), else None
+        (not searched, or left to the rank's analysis)."""
         return self._steps.result() if self._steps is not None and rank == self._rank else None
 
     def __enter__(self) -> _EarlySteps:
