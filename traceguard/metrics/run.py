@@ -319,9 +319,10 @@ def apply_waits(results: Sequence[RankResult], waits: WaitResult) -> None:
         if row.get("last_arrivals") is None:
             result.null_reasons["last_arrivals"] = reason
         steps = waits.per_step.get(result.rank, {})
+        unmatched = dict.fromkeys(WAIT_STEP_FIELDS)  # a step the split has nothing for: every field null
         for step in result.steps:
-            found = steps.get(step["index"], {})
-            step.update({key: found.get(key) for key in WAIT_STEP_FIELDS})
+            found = steps.get(step["index"])
+            step.update(unmatched if found is None else {key: found.get(key) for key in WAIT_STEP_FIELDS})
         result.collectives = with_transfer_bandwidth(result.collectives, waits.transfer_medians, result.rank)
 
 
