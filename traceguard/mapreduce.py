@@ -368,15 +368,14 @@ class _EarlySteps:
         self._steps = self._pool.submit(self._search, capture, self._rank)
 
     def _search(self, capture: Capture, rank: int) -> Any | None:
-        from traceguard.metrics.sliced import steps_from_ranges
-        from traceguard.metrics.steps import resolve_steps
+        from traceguard.metrics.sliced import steps_from_ranges, steps_from_sequence
 
         options = _rank_options(self.task)
         patterns, sources = options["step_patterns"], options["step_sources"]
         if len(gpu_processes(capture)) > 1 or steps_from_ranges(capture, patterns, sources) is not None:
             return None  # several ranks, or steps the rank's analysis finds at once
         part = with_rank(capture, rank)  # what rank_parts gives a file of one process
-        return resolve_steps(part.ranges, part.gpu_ops, part.strings, patterns, sources)
+        return steps_from_sequence(part, part.gpu_ops, patterns, sources)
 
     def steps_of(self, rank: int) -> Any | None:
         """The steps found early for ``rank`` (an error of that search raised here), else None

@@ -289,6 +289,40 @@ def test_kernel_sequence_resolves_the_steps_all_ops_do(path: Path) -> None:
             assert (cut.source, cut.period_kernels) == (whole.source, whole.period_kernels), (sources, count)
 
 
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name[-48:])
+def test_steps_from_the_sequence_are_the_full_search(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sources that read only ranges settle nothing (``steps_from_ranges`` None),
+    ``steps_from_sequence`` starts at the first source that reads the ops: the steps of the full
+    search over every source, and those ranges are not searched a second time."""
+    from traceguard.metrics import steps as steps_module
+    from traceguard.metrics.steps import STEP_SOURCES, resolve_steps
+
+    capture = with_rank(read_capture(path, keep_correlation=False), 0)
+    real = steps_module.find_steps
+    searched: list[Any] = []
+
+    def counted(ranges: pl.DataFrame, patterns: Any) -> pl.DataFrame:
+        searched.append(list(patterns))
+        return real(ranges, patterns)
+
+    for patterns in ((), ("^no step is named this$",), ("Batch|step|Step|iteration",)):
+        for sources in (STEP_SOURCES, ("pattern", "window"), ("convention", "inferred", "window"), ("window",)):
+            whole = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, patterns, sources)
+            if sliced.steps_from_ranges(capture, patterns, sources) is not None:
+                continue  # the ranges settle them: the sequence is never read
+            searched.clear()
+            monkeypatch.setattr(steps_module, "find_steps", counted)
+            found = sliced.steps_from_sequence(capture, capture.gpu_ops, patterns, sources)
+            monkeypatch.setattr(steps_module, "find_steps", real)
+            assert searched in ([], [[]])  # at most the empty frame of no steps, never a pattern again
+            assert_frame_equal(found.steps, whole.steps)
+            assert (found.source, found.period_kernels, found.convention) == (
+                whole.source,
+                whole.period_kernels,
+                whole.convention,
+            ), (patterns, sources)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(
