@@ -643,15 +643,15 @@ def _sequence_steps(
     task: MapTask, rank: int, part: Any, pid: int | None, sequences: dict[int | None, list[pl.DataFrame]]
 ) -> Any:
     """The rank's steps as :func:`traceguard.metrics.sliced.analyse_rank_sliced` would find them
-    from its own slices: from its ranges when they settle them, else from its process's kernel
-    sequence (every op when the file is one rank: ``pid`` None); its pieces are let go."""
-    from traceguard.metrics.sliced import kernel_sequence, steps_from_ranges, steps_from_sequence
+    from its own slices, from its process's kernel sequence (every op when the file is one rank:
+    ``pid`` None); its pieces are let go. Asked only where the file's ranges settle no steps
+    (:func:`_needs_kernel_sequence`): a rank's ranges are some of the file's, so its own settle
+    none either, and they are not searched again (0.06 s a rank of the per-op NVTX shape)."""
+    from traceguard.metrics.sliced import kernel_sequence, steps_from_sequence
 
     options = _rank_options(task)
     patterns, sources = options["step_patterns"], options["step_sources"]
     mine = sequences.pop(pid, [])
-    if (resolved := steps_from_ranges(part, patterns, sources)) is not None:
-        return resolved
     sequence = kernel_sequence(mine).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
     del mine
     return steps_from_sequence(part, sequence, patterns, sources)
