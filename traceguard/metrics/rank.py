@@ -680,8 +680,15 @@ def _range_and_call_names(frame: pl.DataFrame, capture: Capture) -> pl.DataFrame
     """``frame``'s ``range_id`` and ``launch_name_id`` as ``nvtx_range`` and ``api_call`` names."""
     names = capture.strings.rename({"id": "launch_name_id", "value": "api_call"})
     frame = frame.join(names, on="launch_name_id", how="left")
-    ranges = capture.ranges.select("range_id", pl.col("name").alias("nvtx_range"))
+    # Only the ranges named here are joined (a range per op: 1.25 M ranges a rank, 27 -> 5 ms).
+    ranges = _ranges_with_ids(capture.ranges.select("range_id", pl.col("name").alias("nvtx_range")), frame)
     return frame.join(ranges, on="range_id", how="left")
+
+
+def _ranges_with_ids(ranges: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``ranges`` whose ``range_id`` is one of ``frame``'s: a left join of ``frame``
+    on them is its join on all of ``ranges``, without hashing every range."""
+    return ranges.filter(pl.col("range_id").is_in(frame["range_id"].drop_nulls().unique().implode()))
 
 
 def _issuing_range(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
@@ -700,7 +707,7 @@ def _issuing_range(ops: pl.DataFrame, capture: Capture) -> pl.DataFrame:
         # The latest range that started before the call may have ended already: climb parents.
         parents = ranges.select("range_id", "parent", pl.col("end").alias("_end"))
         for _ in range(int(ranges["depth"].max() or 0) + 1):
-            found = found.join(parents, on="range_id", how="left")
+            found = found.join(_ranges_with_ids(parents, found), on="range_id", how="left")
             ended = pl.col("launch_start") > pl.col("_end")
             if found.select(ended.fill_null(False).any()).item() is False:
                 found = found.drop("parent", "_end")
