@@ -400,18 +400,20 @@ def launch_rows(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Series:
     """Per GPU op, the row of ``api_calls`` that launched it (null when none): the first call,
     in frame order, with the op's (pid, correlation id). Null keys match nothing.
 
-    With both keys in range (nsys: 24-bit pids, CUPTI's 32-bit correlation ids) they are packed
-    into one int64 and matched by a binary search into the calls' keys in a stable order (calls
-    come nearly sorted by correlation id, so that sort is close to a linear pass); otherwise a
-    two-column join. Only keys and row numbers are handled; callers gather what they need.
-    The row numbers are Polars' index type (UInt32) where they fit it, else Int64.
+    Where both frames' keys pack into one int64 (:func:`_key_packing`: the spans of their pids
+    and of their correlation ids fit 62 bits together, as nsys's 24-bit pids and CUPTI's 32-bit
+    ids always do) they are matched by a binary search into the calls' packed keys in a stable
+    order (calls come nearly sorted by correlation id, so that sort is close to a linear pass);
+    otherwise a two-column join. Only keys and row numbers are handled; callers gather what they
+    need. The row numbers are Polars' index type (UInt32) where they fit it, else Int64.
     """
     n = gpu_ops.height
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_launch_row")
     if n == 0 or api_calls.height == 0:
         return out
-    if _packable(gpu_ops) and _packable(api_calls):
-        return _launch_rows_packed(gpu_ops, api_calls)
+    packing = _key_packing(gpu_ops, api_calls)
+    if packing is not None:
+        return _launch_rows_packed(gpu_ops, api_calls, packing)
     keys = ["pid", "correlation_id"]
     not_null = pl.all_horizontal([pl.col(k).is_not_null() for k in keys])
     left = gpu_ops.lazy().select(keys).with_row_index("_row").filter(not_null)
@@ -427,11 +429,57 @@ def launch_rows(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Series:
 _JOIN_CHUNK = 1 << 21
 
 
-def _packed_key(frame: pl.DataFrame, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(pid << 32 | correlation id) of rows ``lo:hi``, and where either is null (None: nowhere)."""
+@dataclass(frozen=True)
+class KeyPacking:
+    """(pid, correlation id) as one int64 that orders as the pair: ``(pid - pid_low) <<
+    corr_bits | (correlation id - corr_low)`` (:func:`_key_packing`)."""
+
+    pid_low: int = 0
+    corr_low: int = 0
+    corr_bits: int = 32
+
+
+#: Bits a packed key may use: keys stay at least 0, so -1 (a null key) matches none.
+_KEY_BITS = 62
+
+
+def _key_packing(*frames: pl.DataFrame) -> KeyPacking | None:
+    """The packing of every (pid, correlation id) of ``frames`` (nulls aside) into one int64,
+    or None when the spans of their pids and of their correlation ids need more than
+    :data:`_KEY_BITS` bits together (then they are joined by two columns). Offsets rather than
+    fixed fields: a capture's correlation ids may pass 2^32 (one process's CUPTI ids restart,
+    or a merged or scaled export) while their span still fits."""
+    spans: dict[str, tuple[int, int]] = {}  # column -> (lowest, highest) over every frame
+    for frame in frames:
+        for column in ("pid", "correlation_id"):
+            low, high = frame.select(pl.col(column).min().alias("low"), pl.col(column).max().alias("high")).row(0)
+            if low is not None:
+                known = spans.get(column, (low, high))
+                spans[column] = (min(known[0], low), max(known[1], high))
+    pid_low, pid_high = spans.get("pid", (0, 0))
+    corr_low, corr_high = spans.get("correlation_id", (0, 0))
+    corr_bits = int(corr_high - corr_low).bit_length()
+    if int(pid_high - pid_low).bit_length() + corr_bits > _KEY_BITS:
+        return None
+    return KeyPacking(int(pid_low), int(corr_low), corr_bits)
+
+
+def _packable(frame: pl.DataFrame) -> bool:
+    """Whether ``frame``'s own (pid, correlation id) pack into one int64 (:func:`_key_packing`)."""
+    return _key_packing(frame) is not None
+
+
+def _packed_key(
+    frame: pl.DataFrame, packing: KeyPacking, lo: int = 0, hi: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The packed (pid, correlation id) of rows ``lo:hi`` (:class:`KeyPacking`), and where
+    either is null (None: nowhere)."""
     part = frame.slice(lo, (frame.height if hi is None else hi) - lo)
     key = part.select(
-        (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation_id").cast(pl.Int64)).alias("k")
+        (
+            (pl.col("pid").cast(pl.Int64) - packing.pid_low) * (1 << packing.corr_bits)
+            + (pl.col("correlation_id").cast(pl.Int64) - packing.corr_low)
+        ).alias("k")
     ).to_series()
     nulls = key.is_null()
     if nulls.any():
@@ -439,17 +487,17 @@ def _packed_key(frame: pl.DataFrame, lo: int = 0, hi: int | None = None) -> tupl
     return key.to_numpy(), None
 
 
-def _whole_packed_key(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
+def _whole_packed_key(frame: pl.DataFrame, packing: KeyPacking) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`_packed_key` of every row, built a slice at a time into one array (the key of a
     many-chunk frame as one expression would exist twice: its chunks and their joined copy)."""
     n = frame.height
     if n <= _JOIN_CHUNK:
-        return _packed_key(frame)
+        return _packed_key(frame, packing)
     key = np.empty(n, dtype=np.int64)
     nulls: np.ndarray | None = None
     for lo in range(0, n, _JOIN_CHUNK):
         hi = min(lo + _JOIN_CHUNK, n)
-        part, part_nulls = _packed_key(frame, lo, hi)
+        part, part_nulls = _packed_key(frame, packing, lo, hi)
         key[lo:hi] = part
         if part_nulls is not None:
             if nulls is None:
@@ -458,8 +506,8 @@ def _whole_packed_key(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray | Non
     return key, nulls
 
 
-def _launch_rows_packed(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Series:
-    calls, call_nulls = _whole_packed_key(api_calls)
+def _launch_rows_packed(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame, packing: KeyPacking) -> pl.Series:
+    calls, call_nulls = _whole_packed_key(api_calls, packing)
     rows = None if call_nulls is None else np.flatnonzero(~call_nulls)
     if rows is not None:
         calls = calls[rows]
@@ -478,7 +526,7 @@ def _launch_rows_packed(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.Se
 
     def chunk(lo: int) -> None:  # a chunk of ops, to bound the temporaries
         hi = min(lo + _JOIN_CHUNK, n)
-        ops, op_nulls = _packed_key(gpu_ops, lo, hi)
+        ops, op_nulls = _packed_key(gpu_ops, packing, lo, hi)
         at = _search_runs(calls, ops)
         np.minimum(at, len(calls) - 1, out=at)
         hit = calls[at] == ops
@@ -527,20 +575,6 @@ def join_launches(gpu_ops: pl.DataFrame, api_calls: pl.DataFrame) -> pl.DataFram
     """``gpu_ops`` with the :data:`LAUNCH_SCHEMA` columns from ``api_calls`` (replacing any)."""
     ops = gpu_ops.drop([c for c in LAUNCH_SCHEMA if c in gpu_ops.columns])
     return ops.with_columns(gather_launches(api_calls, launch_rows(ops, api_calls)))
-
-
-def _packable(frame: pl.DataFrame) -> bool:
-    """pid in [0, 2^31) and correlation id in [0, 2^32) wherever not null."""
-    row = frame.select(
-        pl.col("pid").min().alias("pid_min"),
-        pl.col("pid").max().alias("pid_max"),
-        pl.col("correlation_id").min().alias("corr_min"),
-        pl.col("correlation_id").max().alias("corr_max"),
-    ).row(0)
-    pid_min, pid_max, corr_min, corr_max = row
-    pids_ok = pid_min is None or (pid_min >= 0 and pid_max < (1 << 31))
-    corrs_ok = corr_min is None or (corr_min >= 0 and corr_max < (1 << 32))
-    return pids_ok and corrs_ok
 
 
 def in_threads(work: Callable[[int], None], items: Iterable[int]) -> None:

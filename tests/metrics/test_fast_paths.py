@@ -73,9 +73,31 @@ def test_launch_join_matches_two_column_join(repeat_key: bool) -> None:
     assert got.equals(_two_column(ops, calls))
 
 
+@pytest.mark.parametrize("offset", [1 << 32, 1 << 40, -(1 << 40)])
+def test_launch_join_packs_ids_past_32_bits(offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Correlation ids past 2^32 (or below 0) whose span fits still take the packed search (a
+    merged or scaled export: the per-op NVTX shape's ids reach 6.6e9), with the two-column
+    join's answer."""
+    for repeat_key in (False, True):
+        ops, calls = _frames(repeat_key)
+        ops = ops.with_columns(pl.col("correlation_id") + offset)
+        calls = calls.with_columns(pl.col("correlation_id") + offset)
+        assert steps._packable(ops) and model._key_packing(ops, calls) is not None
+        with monkeypatch.context() as m:
+            m.setattr(model, "_launch_rows_packed", lambda *a: pytest.fail("not packed"))
+            with pytest.raises(pytest.fail.Exception):
+                steps.launches(ops, calls)
+        assert steps.launches(ops, calls).equals(_two_column(ops, calls))
+
+
 def test_launch_join_out_of_packing_range() -> None:
+    """Correlation ids spanning more than the packed key holds: the two-column join."""
     ops, calls = _frames(False)
-    ops = ops.with_columns(pl.lit(1 << 40).alias("correlation_id"))
-    calls = calls.with_columns(pl.lit(1 << 40).alias("correlation_id"))
-    assert not steps._packable(ops)
+    ops = ops.with_columns(
+        pl.when(pl.col("start") > 6).then(1 << 62).otherwise(pl.col("correlation_id")).alias("correlation_id")
+    )
+    calls = calls.with_columns(
+        pl.when(pl.col("start") > 2).then(1 << 62).otherwise(pl.col("correlation_id")).alias("correlation_id")
+    )
+    assert not steps._packable(ops) and model._key_packing(ops, calls) is None
     assert steps.launches(ops, calls).equals(_two_column(ops, calls))
