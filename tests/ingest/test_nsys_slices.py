@@ -367,3 +367,34 @@ def test_at_most_compares_as_the_join_does(rows: list[tuple[int | None, int | No
     frame = pl.DataFrame(rows, schema={"pid": pl.Int64, "correlation_id": pl.Int64}, orient="row")
     expected = [pid in marks and corr is not None and corr <= marks[pid] for pid, corr in rows]
     assert nsys_slices._at_most(frame, marks).to_list() == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(0, 40)), st.one_of(st.none(), st.integers(-5, 10**12)), st.booleans()
+        ),
+        max_size=60,
+    ),
+    before=st.dictionaries(st.integers(0, 40), st.integers(-5, 10**12), max_size=5),
+    masked=st.booleans(),
+)
+def test_marks_are_the_largest_id_per_process(
+    rows: list[tuple[int | None, int | None, bool]], before: dict[int, int], masked: bool
+) -> None:
+    """The launch join's marks (largest correlation id per process, raised): each process's
+    largest id over the rows picked, nulls counting for nothing, with more processes than are
+    compared one by one (40 here, 16 compared) grouped instead."""
+    import numpy as np
+
+    pids = pl.Series([r[0] for r in rows], dtype=pl.Int32)
+    ids = pl.Series([r[1] for r in rows], dtype=pl.Int64)
+    where = np.array([r[2] for r in rows], dtype=bool) if masked else None
+    want = dict(before)
+    for pid, cid, picked in rows:
+        if pid is not None and cid is not None and (picked or not masked):
+            want[pid] = max(want.get(pid, cid), cid)
+    marks = dict(before)
+    nsys_slices._raise_marks(marks, pids, ids, where)
+    assert marks == want

@@ -664,7 +664,7 @@ class _Launches:
             rows = rows.scatter(missing, None)
         if self.check_order:  # the flags serve only the order checks
             self.mark_used(rows)
-            _raise_marks(self.joined_above, ops.select("pid", "correlation_id").filter(rows.is_not_null()).lazy())
+            _raise_marks(self.joined_above, ops["pid"], ops["correlation_id"], rows.is_not_null().to_numpy())
         self.evict(hi)
         return model.add_columns(ops, columns)
 
@@ -830,27 +830,46 @@ class _Launches:
             starts = np.concatenate([c["start"].fill_null(_NULL_START).to_numpy() for c in self.cache])
             cutoff = max(cutoff, int(np.partition(starts, total - self.limit)[total - self.limit]))
         for index, cached in enumerate(self.cache):
-            old = pl.col("start").fill_null(_NULL_START) < cutoff
-            if not cached.select(old.any()).item():
+            old = cached["start"].fill_null(_NULL_START).to_numpy() < cutoff
+            if not old.any():
                 continue
             # Only the dropped rows' keys are needed: no copy of them is made.
-            _raise_marks(self.dropped, cached.lazy().filter(old))
+            _raise_marks(self.dropped, cached["pid"], cached["correlation_id"], old)
+            dropping = pl.Series(old)
             if self.check_order:
-                used = cached.lazy().filter(old & pl.col("used"))
+                used = cached.filter(dropping & cached["used"])
                 used = used.select(pl.lit(index, dtype=pl.Int32).alias("table"), "rowid", "pid", "correlation_id")
-                self.joined = pl.concat([self.joined, used.collect().cast(_JOINED_SCHEMA)], how="vertical")
-            self.cache[index] = cached.filter(~old)
+                self.joined = pl.concat([self.joined, used.cast(_JOINED_SCHEMA)], how="vertical")
+            self.cache[index] = cached.filter(~dropping)
         if self.joined.height > JOINED_RECORD_ROWS:  # forget the oldest: keep their marks only
             excess = self.joined.height - JOINED_RECORD_ROWS
-            _raise_marks(self.forgotten, self.joined.lazy().head(excess))
+            oldest = self.joined.head(excess)
+            _raise_marks(self.forgotten, oldest["pid"], oldest["correlation_id"])
             self.joined = self.joined.slice(excess)
 
 
-def _raise_marks(marks: dict[int, int], rows: pl.LazyFrame) -> None:
-    """``marks[pid]`` raised to the largest correlation id of ``rows`` with that pid."""
-    for pid, corr in rows.group_by("pid").agg(pl.col("correlation_id").max()).collect().iter_rows():
-        if pid is not None and corr is not None:
-            marks[pid] = max(marks.get(pid, corr), corr)
+def _raise_marks(marks: dict[int, int], pids: pl.Series, ids: pl.Series, where: np.ndarray | None = None) -> None:
+    """``marks[pid]`` raised to the largest correlation id with that pid, over the rows of
+    ``pids`` and ``ids`` (one frame's columns) that ``where`` picks (None: all); rows with
+    either null count for nothing. NumPy, one pass per process for the first
+    :data:`_MARKS_COMPARED` (a file's few processes), on the calling thread: a Polars group-by
+    here waited on the pool that the ranks' analyses keep busy."""
+    keep = (pids.is_not_null() & ids.is_not_null()).to_numpy()
+    if where is not None:
+        keep &= where
+    rest_pids = pids.fill_null(0).to_numpy()[keep]
+    rest_ids = ids.fill_null(0).to_numpy()[keep]
+    for _ in range(_MARKS_COMPARED):
+        if rest_pids.size == 0:
+            return
+        mine = rest_pids == rest_pids[0]
+        pid, top = int(rest_pids[0]), int(rest_ids[mine].max())
+        marks[pid] = max(marks.get(pid, top), top)
+        rest_pids, rest_ids = rest_pids[~mine], rest_ids[~mine]
+    if rest_pids.size:  # more processes than that: grouped
+        rest = pl.DataFrame({"pid": rest_pids, "correlation_id": rest_ids})
+        for pid, top in rest.group_by("pid").agg(pl.col("correlation_id").max()).iter_rows():
+            marks[pid] = max(marks.get(pid, top), top)
 
 
 #: Up to how many pids :func:`_at_most` compares one by one rather than joins.
