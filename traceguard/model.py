@@ -551,12 +551,29 @@ def _search_runs(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return np.searchsorted(sorted_keys, keys, side="left")
     heads = np.flatnonzero(keys[1:] != keys[:-1])
     if heads.size * 4 > keys.size:
-        return np.searchsorted(sorted_keys, keys, side="left")
+        return _search_each(sorted_keys, keys)
     starts = np.empty(heads.size + 1, dtype=np.int64)
     starts[0] = 0
     np.add(heads, 1, out=starts[1:])
     found = np.searchsorted(sorted_keys, keys[starts], side="left")
     return np.repeat(found, np.diff(starts, append=keys.size))
+
+
+#: Keys out of order more often than one in this many are searched in sorted order (:func:`_search_each`).
+_UNORDERED_KEYS = 16
+
+
+def _search_each(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(sorted_keys, keys, side="left")``, one search a key. Keys much out of
+    order (two processes' launches interleaved in a slice) are searched in their sorted order
+    and the answers put back: each search then starts near the last one's answer, where it ends
+    (the per-op NVTX shape's blocks: 35 -> 25 ms a million ops)."""
+    if np.count_nonzero(keys[1:] < keys[:-1]) * _UNORDERED_KEYS <= keys.size:
+        return np.searchsorted(sorted_keys, keys, side="left")
+    order = np.argsort(keys, kind="stable")
+    found = np.empty(keys.size, dtype=np.intp)
+    found[order] = np.searchsorted(sorted_keys, keys[order], side="left")
+    return found
 
 
 def gather_launches(api_calls: pl.DataFrame, rows: pl.Series) -> list[pl.Series]:

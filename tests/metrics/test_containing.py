@@ -157,3 +157,24 @@ def test_launch_rows_of_graph_launches_match_join(seed: int) -> None:
     )
     want = [int(i) // 2 if i % 2 == 0 and i < 60 else None for i in ids]
     assert model.launch_rows(ops, calls).to_list() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    haystack=st.lists(st.integers(-50, 50), max_size=40),
+    needles=st.lists(st.integers(-60, 60), min_size=2, max_size=80),
+    interleave=st.booleans(),
+)
+def test_searches_in_sorted_order_are_searchsorted(haystack: list[int], needles: list[int], interleave: bool) -> None:
+    """``model._search_each`` (keys much out of order searched in their sorted order, the answers
+    put back) and ``model._search_runs`` are ``np.searchsorted(..., side="left")``: keys in
+    order, out of order, two ascending sequences interleaved (two processes' launches)."""
+    sorted_keys = np.sort(np.array(haystack, dtype=np.int64))
+    keys = np.array(needles, dtype=np.int64)
+    if interleave:
+        keys = np.empty(2 * len(needles), dtype=np.int64)
+        keys[0::2] = np.sort(needles)
+        keys[1::2] = np.sort(needles)[::-1] + 1000
+    want = np.searchsorted(sorted_keys, keys, side="left")
+    assert np.array_equal(model._search_each(sorted_keys, keys), want)
+    assert np.array_equal(model._search_runs(sorted_keys, keys), want)
