@@ -242,6 +242,40 @@ def test_a_reserved_serial_type_is_never_read(tmp_path: Path, serial_type: int) 
         reader.close()
 
 
+def test_a_folded_row_is_decided_by_its_text_and_thread_alone(tmp_path: Path) -> None:
+    """A row is kept or folded on the columns that decide it (the text, the thread it counts
+    by); the rest of its header is parsed only for a row kept, as SQLite, which parses a header
+    only as far as the columns a query reads, counts it too. A reserved serial type after them
+    in a folded row: folded and counted like SQLite; in a kept row, read: the reader gives way."""
+    db = _made(
+        tmp_path,
+        "CREATE TABLE t (a INTEGER, s TEXT, k INTEGER, c INTEGER)",
+        "INSERT INTO t VALUES (5, 'aten::x', 7, 9), (6, 'forward', 7, 9), (8, 'aten::y', 7, 9)",
+    )
+    data = bytearray(db.read_bytes())
+    folded = bytes([5, 1, 13 + 2 * 7, 1, 1, 5]) + b"aten::x"  # header length 5: int, 7-byte text, int, int
+    at = data.index(folded)
+    data[at + 4] = 10  # column c's type: reserved
+    db.write_bytes(bytes(data))
+    spec = [("a", "a", "int"), ("c", "c", "int")]
+    rows = Rows(skip=Skip("s", "aten::", "k"))
+    reader = _reader(db)
+    try:
+        skipped: list[tuple[int | None, int]] = []
+        read = reader._table_read("t", spec, rows, skipped)
+        assert read is not None and read.to_dicts() == [{"a": 6, "c": 9}]
+        assert skipped == [(7, 2)] == _sql_skipped(reader, "t", rows)
+    finally:
+        reader.close()
+    data[data.index(bytes([5, 1, 13 + 2 * 7, 1, 1, 6]) + b"forward") + 4] = 10  # the kept row's c
+    db.write_bytes(bytes(data))
+    reader = _reader(db)
+    try:
+        assert reader._table_read("t", spec, rows, []) is None  # as SQLite calls that record corrupt
+    finally:
+        reader.close()
+
+
 @pytest.fixture(scope="module")
 def small_capture(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A real export's bytes (the smallest own H200 capture) to damage."""
