@@ -398,3 +398,31 @@ def test_marks_are_the_largest_id_per_process(
     marks = dict(before)
     nsys_slices._raise_marks(marks, pids, ids, where)
     assert marks == want
+
+
+@pytest.mark.parametrize("path", PUBLIC_NSYS, ids=lambda p: p.name[-48:])
+def test_the_non_launch_keys_pass_finds_the_runs_the_runs_pass_does(path: Path, unpacked) -> None:
+    """The pass that reads the non-launch API keys also finds each API table's runs (rowid
+    ranges in start order) on the way: the runs of the pass that reads only starts, on real
+    exports (nsys-ai's two-rank capture writes its API table in thousands of runs)."""
+    db = unpacked(path)
+    with open_sliced(db) as sliced:
+        sliced._other_keys()
+        found = dict(sliced._runs)
+        reader = sliced._reader
+        for name in reader.api_tables():
+            rowid, _first, _last = nsys_slices._rowid_bounds(reader, name, sliced.shown)
+            expected = nsys_slices._find_runs(reader, name, rowid)
+            columns = reader.columns(name)
+            if {"nameId", "correlationId", "globalTid"} <= columns:
+                assert found[name] == expected
+            else:
+                assert name not in found  # left to the runs pass
+    with open_sliced(db) as sliced:
+        sliced.prepare_launches(lambda: True)  # one pass where it can, the runs pass for the rest
+        reader = sliced._reader
+        for name in reader.api_tables():
+            rowid, _first, _last = nsys_slices._rowid_bounds(reader, name, sliced.shown)
+            assert sliced._runs[name] == nsys_slices._find_runs(reader, name, rowid)
+            if "mfu_2gpu_before" in path.name:
+                assert len(sliced._runs[name]) > 1

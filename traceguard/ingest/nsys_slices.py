@@ -448,20 +448,34 @@ class SlicedNsys:
                 continue  # its rows have no (pid, correlation id): no op can match them
             lo = min(run.lo for run in table.runs)
             end = max(run.end for run in table.runs)
+            # The same pass finds the table's runs where no pass has (:func:`_find_runs`' answer).
+            runs = None if table.name in self._runs else _RunFinder(lo, end)
             for first in range(lo, end, OTHER_KEYS_CHUNK):
                 rows = Rows(ranges=((first, min(first + OTHER_KEYS_CHUNK, end)),), rowid=table.rowid)
-                frame = self._reader.api_table(table.name, rows)
-                others = frame.filter(
-                    ~pl.col("name_id").cast(pl.Int64).is_in(launch).fill_null(False)
-                    & pl.col("pid").is_not_null()
-                    & pl.col("correlation_id").is_not_null()
+                frame = self._reader.api_table(table.name, rows, rowid=table.rowid if runs is not None else None)
+                if runs is not None:
+                    runs.feed(frame)
+                # Only the keys are copied out of the chunk: its other columns are not wanted here.
+                others = (
+                    frame.lazy()
+                    .select("pid", "correlation_id", "name_id")
+                    .filter(
+                        ~pl.col("name_id").cast(pl.Int64).is_in(launch).fill_null(False)
+                        & pl.col("pid").is_not_null()
+                        & pl.col("correlation_id").is_not_null()
+                    )
+                    .select("pid", "correlation_id")
+                    .collect()
                 )
+                del frame
                 held += others.height
                 if held > OTHER_KEYS_LIMIT:
                     self._other = [None]
                     return None
                 for (pid,), group in others.partition_by("pid", as_dict=True).items():
                     parts.setdefault(int(pid), []).append(group["correlation_id"].cast(pl.Int64).to_numpy())
+            if runs is not None:
+                self._runs[table.name] = runs.result()
         # Sorted, duplicates kept (a membership test needs no more); a process's ids come nearly
         # in order in table order, which the stable (run-adaptive) sort takes in one pass.
         keys = {pid: np.sort(np.concatenate(arrays), kind="stable") for pid, arrays in parts.items()}
@@ -475,14 +489,14 @@ class SlicedNsys:
         shape's 18.6 M rows). For a caller with a core idle meanwhile; both are remembered for
         every later read of the file, and what is not read here is read when needed."""
         with read_errors(self.shown):
+            if going_on():
+                self._other_keys()  # finds the runs of the tables it reads on the way
             for name in self._reader.api_tables():
                 if not going_on():
                     return
                 if name not in self._runs:
                     rowid, _first, _last = _rowid_bounds(self._reader, name, self.shown)
                     self._runs[name] = _find_runs(self._reader, name, rowid)
-            if going_on():
-                self._other_keys()
 
     def _split(self, table: _ApiTable) -> None:
         """Split ``table`` into runs (one pass), remembered for later iterations; the rows before
@@ -949,27 +963,48 @@ def _find_runs(reader: _Reader, table: str, rowid: str) -> list[tuple[int, int, 
     last = int(reader.small(f'SELECT IFNULL(max({rowid}), -1) FROM "{quoted}"')[0][0])
     start = "start" if "start" in reader.columns(table) else "NULL"
     spec = [("rowid", rowid, "int"), ("start", start, "int")]
-    runs: list[tuple[int, int, int, int]] = []
-    run_lo, run_first, previous = first, 0, None
+    runs = _RunFinder(first, last + 1)
     for lo in range(first, last + 1, RUN_SCAN_ROWS):
         # Rowid ranges, which the b-tree reader takes (a WHERE text goes through SQLite: 3x slower).
-        part = reader.bulk(table, spec, Rows(((lo, lo + RUN_SCAN_ROWS),), rowid=rowid))
+        runs.feed(reader.bulk(table, spec, Rows(((lo, lo + RUN_SCAN_ROWS),), rowid=rowid)))
+    return runs.result()
+
+
+class _RunFinder:
+    """:func:`_find_runs`' pass, fed the table's rows in rowid order a frame at a time (columns
+    ``rowid`` and ``start``; a frame without ``start``: all null) from ``first`` to ``end``."""
+
+    def __init__(self, first: int, end: int) -> None:
+        self.end = end
+        self.runs: list[tuple[int, int, int, int]] = []
+        self.run_lo, self.run_first = first, 0
+        self.previous: int | None = None
+
+    def feed(self, part: pl.DataFrame) -> None:
         if part.height == 0:
-            continue
-        starts = part["start"].fill_null(_NULL_START).to_numpy()
+            return
+        starts = (
+            part["start"].fill_null(_NULL_START).to_numpy()
+            if "start" in part.columns
+            else np.full(part.height, _NULL_START, dtype=np.int64)
+        )
         rowids = part["rowid"].to_numpy()
         breaks = np.flatnonzero(starts[1:] < starts[:-1]) + 1
-        if previous is None:
-            run_first = int(starts[0])
-        elif starts[0] < previous:
+        if self.previous is None:
+            self.run_first = int(starts[0])
+        elif starts[0] < self.previous:
             breaks = np.concatenate(([0], breaks))
         for at in breaks.tolist():
-            runs.append((run_lo, int(rowids[at]), run_first, previous if at == 0 else int(starts[at - 1])))
-            run_lo, run_first = int(rowids[at]), int(starts[at])
-        previous = int(starts[-1])
-    if previous is not None:
-        runs.append((run_lo, last + 1, run_first, previous))
-    return runs
+            final = self.previous if at == 0 else int(starts[at - 1])
+            self.runs.append((self.run_lo, int(rowids[at]), self.run_first, final))  # type: ignore[arg-type]
+            self.run_lo, self.run_first = int(rowids[at]), int(starts[at])
+        self.previous = int(starts[-1])
+
+    def result(self) -> list[tuple[int, int, int, int]]:
+        """The runs (lo, end, first start, last start); none for an empty table."""
+        if self.previous is None:
+            return list(self.runs)
+        return [*self.runs, (self.run_lo, self.end, self.run_first, self.previous)]
 
 
 def _not_in_order(shown: str, table: str, what: str) -> InputError:
