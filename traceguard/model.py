@@ -434,9 +434,9 @@ class KeyPacking:
     """(pid, correlation id) as one int64 that orders as the pair: ``(pid - pid_low) <<
     corr_bits | (correlation id - corr_low)`` (:func:`_key_packing`)."""
 
-    pid_low: int = 0
-    corr_low: int = 0
-    corr_bits: int = 32
+    pid_low: int
+    corr_low: int
+    corr_bits: int
 
 
 #: Bits a packed key may use: keys stay at least 0, so -1 (a null key) matches none.
@@ -447,8 +447,8 @@ def _key_packing(*frames: pl.DataFrame) -> KeyPacking | None:
     """The packing of every (pid, correlation id) of ``frames`` (nulls aside) into one int64,
     or None when the spans of their pids and of their correlation ids need more than
     :data:`_KEY_BITS` bits together (then they are joined by two columns). Offsets rather than
-    fixed fields: a capture's correlation ids may pass 2^32 (one process's CUPTI ids restart,
-    or a merged or scaled export) while their span still fits."""
+    fixed 32-bit fields: CUPTI's ids fit 32 bits, but those of a merged or scaled export (the
+    benchmark's per-op NVTX shape: 6.6e9) may not, while their span still fits."""
     spans: dict[str, tuple[int, int]] = {}  # column -> (lowest, highest) over every frame
     for frame in frames:
         for column in ("pid", "correlation_id"):
