@@ -466,6 +466,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
                 early.read_while(lambda: not busy.done())
                 source.prepare_launches(lambda: not busy.done())
             small = with_rank_hint(pending.result() if pending is not None else reading())
+            pending = busy = None  # the future no longer holds the capture (its ranges are let go below)
             needs_sequence = _needs_kernel_sequence(task, small)
         except BaseException:
             if early is not None:
@@ -499,6 +500,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             sequences = early.finish(len(pids) > 1)
         elif needs_sequence:
             sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1)
+        ranges_let_go = False
         for _attempt in range(2):
             outcome.width = max(len(pids), 1)
             outcome.results, outcome.copies = [], []
@@ -507,7 +509,13 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
                 return outcome  # planned under other ranks than the file holds: the reducer plans it again
             census: dict[int, int | None] = {}
+            if small.ranges.height == 0 and ranges_let_go:  # a second attempt: the ranges read again
+                small = replace(source.small_capture(keep_nvtx_rows=False), info=small.info)
             parts = list(rank_parts(small, pids, assignment))
+            if len(parts) > 1:
+                # Each rank holds its own ranges now: the file's are not held beside them through
+                # the read (the per-op NVTX shape: 190 MB). A second attempt reads them again.
+                small, ranges_let_go = replace(small, ranges=small.ranges.clear()), True
             owners = [pids[index] if len(pids) > 1 else None for index in range(len(parts))]
             # Each rank's steps from the one sequence read, which is then let go (a second
             # attempt under other processes lets each rank read its own again).
@@ -555,7 +563,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
 
 def _kernel_sequences(source: Any, rows: int, by_pid: bool) -> dict[int | None, list[pl.DataFrame]]:
     """The ops as step inference reads them (the columns of
-    :func:`traceguard.metrics.sliced.kernel_sequence`), from one read of the file without the
+    :func:`traceguard.metrics.sliced.kernel_sequence` but ``rank``), from one read of the file without the
     ops' launches, per process when ``by_pid`` (else all under None): each rank's sequence is
     cut from these (:func:`_sequence_steps`) instead of each rank reading the file once more
     with its launches."""
@@ -583,20 +591,27 @@ def _add_sequences(parts: dict[int | None, list[pl.DataFrame]], narrowed: Iterab
 
 
 def _narrowed(blocks: Iterable[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """Each block's kernel sequence without its ``rank`` column: :func:`_sequence_steps` sets
+    the rank (10 M ops: 40 MB not held while the NVTX table is read)."""
     from traceguard.metrics.sliced import kernel_sequence
 
     for raw in blocks:
-        yield kernel_sequence([raw])
+        yield kernel_sequence([raw]).drop("rank")
         del raw
 
 
 class _SequenceRead:
     """:func:`_kernel_sequences`, read in two goes: as far as it gets while something else is
-    read (:meth:`read_while`), then the rest (:meth:`finish`, which also splits it by process
-    once the processes are known), or let go (:meth:`close`)."""
+    read (:meth:`read_while`), then the rest (:meth:`finish`), or let go (:meth:`close`).
+
+    Each block is split by process as it is narrowed, as :func:`_add_sequences` splits it: split
+    at the end instead, every block was copied once more while the blocks were still held (the
+    per-op NVTX shape's peak, +0.2 GB)."""
 
     def __init__(self, source: Any, rows: int) -> None:
-        self._narrowed: list[pl.DataFrame] = []
+        self._source, self._rows = source, rows
+        #: Per block, its kernel sequence by process, in block order.
+        self._by_pid: list[dict[Any, pl.DataFrame]] = []
         self._blocks = _sequence_blocks(source, rows)
         #: The processes of the first block and their lowest devices (:func:`_count_processes`):
         #: what the first slice of a read with launches would plan the ranks from.
@@ -616,20 +631,28 @@ class _SequenceRead:
         if self._first:
             _count_processes(self.first_census, raw)
             self._first = False
-        self._narrowed.extend(_narrowed([raw]))
+        for narrow in _narrowed([raw]):
+            self._by_pid.append(narrow.partition_by("pid", as_dict=True))
 
     def finish(self, by_pid: bool) -> dict[int | None, list[pl.DataFrame]]:
         """:func:`_kernel_sequences`' answer: the rest read now."""
         self.read_while(lambda: True)
+        blocks, self._by_pid = self._by_pid, []
+        if not by_pid and any(len(block) > 1 for block in blocks):
+            # Planned as one process, yet a block holds several (the plan is confirmed over
+            # every slice, and redone): the blocks whole are what it reads, so read them again.
+            del blocks
+            return _kernel_sequences(self._source, self._rows, False)
         parts: dict[int | None, list[pl.DataFrame]] = {}
-        narrowed, self._narrowed = self._narrowed, []
-        _add_sequences(parts, _drained(narrowed), by_pid)
+        for block in _drained(blocks):
+            for (pid,), frame in block.items():
+                parts.setdefault(pid if by_pid else None, []).append(frame)
         return parts
 
     def close(self) -> None:
         """Stop the read and let go of what it read."""
         self._blocks.close()
-        self._narrowed = []
+        self._by_pid = []
 
 
 def _drained(frames: list[pl.DataFrame]) -> Iterator[pl.DataFrame]:
@@ -651,8 +674,9 @@ def _sequence_steps(
 
     options = _rank_options(task)
     patterns, sources = options["step_patterns"], options["step_sources"]
-    mine = sequences.pop(pid, [])
-    sequence = kernel_sequence(mine).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    ranked = pl.lit(rank, dtype=pl.Int32).alias("rank")
+    mine = [part.with_columns(ranked) for part in sequences.pop(pid, [])]
+    sequence = kernel_sequence(mine)
     del mine
     return steps_from_sequence(part, sequence, patterns, sources)
 

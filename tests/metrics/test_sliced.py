@@ -187,6 +187,19 @@ def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: lis
         sliced._native = saved
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(rows=st.lists(st.tuples(st.integers(-2, 2), st.integers(-3, 3)), max_size=12), presort=st.booleans())
+def test_rows_in_key_order_are_told_as_the_two_sorts_order_them(rows: list[tuple[int, int]], presort: bool) -> None:
+    """GroupUnion skips its two stable sorts where the rows are in their order already: exactly
+    where the sorts would leave every row where it is (ties included)."""
+    rows = sorted(rows) if presort else rows
+    keys = np.array([r[0] for r in rows], dtype=np.int64)
+    start = np.array([r[1] for r in rows], dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    order = order[np.argsort(keys[order], kind="stable")]
+    assert sliced._in_key_order(keys, start) == bool(np.array_equal(order, np.arange(len(rows))))
+
+
 def _check_group_union(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool) -> None:
     frame = pl.DataFrame(
         {"g": [r[0] for r in rows], "start": [r[1] for r in rows], "end": [r[1] + r[2] for r in rows]},

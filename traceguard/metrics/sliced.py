@@ -206,8 +206,11 @@ class GroupUnion:
         # slice's rows are runs in start order (one per table), and keys (steps, phases) rise
         # nearly with time.
         start = start.astype(np.int64, copy=False)
-        order = np.argsort(start, kind="stable")
-        order = order[np.argsort(keys[order], kind="stable")]
+        if _in_key_order(keys, start):  # as most chunks come: 1 ms a million rows, not 4.5 (two sorts)
+            order = np.arange(keys.size)
+        else:
+            order = np.argsort(start, kind="stable")
+            order = order[np.argsort(keys[order], kind="stable")]
         if _native is not None:
             self._feed_native(keys, start, end, order)
             return
@@ -277,6 +280,14 @@ class GroupUnion:
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, union ns) in key order."""
         return self.keys, self.total.copy()
+
+
+def _in_key_order(keys: np.ndarray, start: np.ndarray) -> bool:
+    """Whether the rows are in (key, start) order already (the order both stable sorts give)."""
+    if keys.size < 2:
+        return True
+    key_step = np.diff(keys)
+    return bool(np.all((key_step > 0) | ((key_step == 0) & (start[1:] >= start[:-1]))))
 
 
 def _pack(a: pl.Series, b: pl.Series | None = None) -> np.ndarray:
@@ -415,7 +426,7 @@ def analyse_rank_sliced(
                     spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
                     if len(writing) > 1:
                         writing.popleft().result()
-                    writing.append(writer.submit(piece.write_ipc, spilled[-1], compression="uncompressed"))
+                    writing.append(writer.submit(_spill, piece, spilled[-1]))
                     del piece
                 del ops, part  # not held while the next slice is taken
             for pending in writing:
@@ -424,20 +435,83 @@ def analyse_rank_sliced(
             schema = dict(attributed(capture.gpu_ops.clear()).schema)
             launched_expr = pl.lit(False)
         assert launched_expr is not None
-        with finishing if finishing is not None else contextlib.nullcontext():
-            return _finish(
-                rank,
-                capture,
-                resolved,
-                phases,
-                one,
-                schema,
-                launched_expr,
-                spilled,
-                ranks_analysed=ranks_analysed,
-                small_bytes=small_bytes,
-                max_segments=max_segments,
-            )
+        # The spill's files are removed on a thread of their own once pass 2 has read them back,
+        # while this one assembles the result: freeing their pages took this thread 0.13 s of the
+        # CUDA-graph shape's (0.6 GB), piece by piece or all at the end alike.
+        unspill = threading.Thread(target=_remove_all, args=(spilled,), name="traceguard-unspill", daemon=True)
+        try:
+            with finishing if finishing is not None else contextlib.nullcontext():
+                return _finish(
+                    rank,
+                    capture,
+                    resolved,
+                    phases,
+                    one,
+                    schema,
+                    launched_expr,
+                    spilled,
+                    unspill,
+                    ranks_analysed=ranks_analysed,
+                    small_bytes=small_bytes,
+                    max_segments=max_segments,
+                )
+        finally:
+            if unspill.ident is not None:  # started (pass 2 ended): done before the directory goes
+                unspill.join()
+
+
+def _spill(piece: pl.DataFrame, path: Path) -> None:
+    """Write a piece as one record batch: read back, each column is then one chunk, which
+    pass 2 hands to NumPy as it is. In Polars' batches (eight a piece) every column NumPy read was
+    copied whole first, several times a piece: 0.6 GB of copies on the CUDA-graph shape."""
+    piece.write_ipc(path, compression="uncompressed", record_batch_size=max(piece.height, 1))
+
+
+def _unspilled(path: Path) -> pl.DataFrame:
+    """A spilled piece, its columns the file's pages mapped (Arrow's reader: no copy; imported
+    here, not at every command's start: 55 ms)."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    return pl.from_arrow(pyarrow.ipc.open_file(pa.memory_map(str(path))).read_all(), rechunk=False)  # type: ignore[return-value]
+
+
+def _step_table(
+    one: _Pass1,
+    schema: dict[str, pl.DataType],
+    rare: pl.DataFrame,
+    resolved: Any,
+    phases: pl.DataFrame,
+    spans: pl.DataFrame,
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The step rows (:func:`traceguard.metrics.rank._step_rows`) from pass 1's sums alone."""
+    steps, gpu_timed = resolved.steps, resolved.gpu_timed
+    phase_type = schema["phase_id"]
+    phase_keys, phase_ns = one.phase_gpu.result()
+    phase_gpu = (
+        pl.DataFrame({"phase_id": _unpack_high(phase_keys), "gpu_ns": phase_ns})
+        .group_by("phase_id")
+        .agg(pl.col("gpu_ns").sum())
+        .cast({"phase_id": phase_type})
+    )
+    copies_per_step = (
+        pl.concat(one.step_copies).group_by("step_id").agg(pl.all().sum())
+        if one.step_copies
+        else step_copies(pl.DataFrame(schema=schema))
+    )
+    pieces = StepPieces(
+        any_in_steps=one.any_in_steps,
+        any_in_phases=one.any_in_phases,
+        nccl_in_steps=rare.filter(pl.col("is_nccl") & pl.col("step_id").is_not_null()).select(*STEP_NCCL_COLUMNS),
+        copies=copies_per_step,
+        phase_gpu=phase_gpu,
+    )
+    return _step_rows(steps, phases, pieces, spans, gpu_timed=gpu_timed)
+
+
+def _remove_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def time_pieces(ops: pl.DataFrame, rows: int) -> Iterator[pl.DataFrame]:
@@ -470,12 +544,14 @@ def _finish(
     schema: dict[str, pl.DataType],
     launched_expr: pl.Expr,
     spilled: Sequence[Path],
+    unspill: threading.Thread,
     *,
     ranks_analysed: int,
     small_bytes: int,
     max_segments: int,
 ) -> RankResult:
-    """Pass 2 over the spilled slices, then the assembly (module docstring)."""
+    """Pass 2 over the spilled slices, then the assembly (module docstring); ``unspill`` (which
+    removes the spill) is started between the two."""
     info = capture.info
     steps = resolved.steps
     gpu_timed = resolved.gpu_timed
@@ -496,6 +572,11 @@ def _finish(
 
     # -- pass 2 ------------------------------------------------------------------------------
     release_heap()  # what pass 1 freed, not kept under pass 2's peak (traceguard.memory)
+    # The step rows need only pass 1's sums: built on a thread while pass 2 runs, whose thread
+    # mostly waits for the next piece (68 k steps of the CUDA-graph shape: 0.2 s).
+    step_pool = ThreadPoolExecutor(1, "traceguard-steps")
+    step_rows = step_pool.submit(_step_table, one, schema, rare, resolved, phases, spans)
+    step_pool.shutdown(wait=False)
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
     capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
@@ -521,37 +602,16 @@ def _finish(
         steps=two.breakdown,
         segments=segments,
     )
-    for path, part in zip(spilled, prefetched(map(prepare, spilled)), strict=True):
+    for part in prefetched(map(prepare, spilled)):
         _second_pass(two, part, nccl_by_device, compute_lane, copies_lane)
         del part
-        # Its pages freed here, where this thread waits for the next piece, not all at the end
-        # (the CUDA-graph shape's 0.6 GB of spill: 0.1 s when its directory was removed).
-        path.unlink(missing_ok=True)
     _close_unions(two, nccl_by_device, compute_lane, copies_lane)
+    unspill.start()  # read back whole: removed while the result is assembled
 
     # -- assembly ------------------------------------------------------------------------------
     release_heap()
+    step_table = step_rows.result()
     phase_type = schema["phase_id"]
-    phase_keys, phase_ns = one.phase_gpu.result()
-    phase_gpu = (
-        pl.DataFrame({"phase_id": _unpack_high(phase_keys), "gpu_ns": phase_ns})
-        .group_by("phase_id")
-        .agg(pl.col("gpu_ns").sum())
-        .cast({"phase_id": phase_type})
-    )
-    copies_per_step = (
-        pl.concat(one.step_copies).group_by("step_id").agg(pl.all().sum())
-        if one.step_copies
-        else step_copies(pl.DataFrame(schema=schema))
-    )
-    pieces = StepPieces(
-        any_in_steps=one.any_in_steps,
-        any_in_phases=one.any_in_phases,
-        nccl_in_steps=rare.filter(pl.col("is_nccl") & pl.col("step_id").is_not_null()).select(*STEP_NCCL_COLUMNS),
-        copies=copies_per_step,
-        phase_gpu=phase_gpu,
-    )
-    step_table = _step_rows(steps, phases, pieces, spans, gpu_timed=gpu_timed)
     counts = two.counts or copies.copy_counts(pl.DataFrame(schema=schema))
     sums = WindowSums(counts, two.pageable, one.dtod_step_bytes)
     graph_busy = {
@@ -778,7 +838,7 @@ def _second_pass_slice(
     ``steps``: whether the step breakdown is wanted (its arrays are the slice's columns in place,
     a category byte and a launch copy: fed by :func:`_second_pass` on the other thread, which
     has the time: this one reads). ``segments``: :func:`window_segments` of ``spans``."""
-    ops = pl.read_ipc(path)
+    ops = _unspilled(path)
     arrays = op_arrays(ops) if steps is not None else None
     mask = window_mask(ops, spans, pid_of_step, segments=segments)
     # Most slices lie wholly inside the window and are timed throughout: then they are the slice
