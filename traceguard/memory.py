@@ -17,7 +17,8 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   core), and each keeps its own free memory. A file of several ranks is analysed on about eight
   threads (the read, each rank, their spill writers and read-ahead), so what one thread freed
   was not there for another: :func:`tune_heap` lets them share :data:`HEAP_ARENAS`. The per-op
-  NVTX shape: 1.30-1.34 GB peak to 1.23-1.26 GB, in no more time (one arena: the same).
+  NVTX shape's peak: 1,303-1,313 MB to 1,202-1,235 MB (MiB, as ``bench/RESULTS.md`` counts), in
+  no more time (one arena: the same).
 - **Collections.** With the default thresholds (700, 10, 10) the collector walks every live
   container each time gen 0 fills; building 68 k step rows of dicts (the CUDA-graph shape) paid
   1,076 collections, 0.49 s. :func:`fewer_collections` raises gen 0's threshold for the analysis
