@@ -207,13 +207,6 @@ def rank_result(
         inputs.exposed,
         no_steps,
     )
-    # The collectives by type and their instances read none of what follows: taken on a thread
-    # while this one fills the step rows (Polars releases the GIL in their heavy calls).
-    collective_pool = ThreadPoolExecutor(max_workers=1)
-    collective_work = collective_pool.submit(
-        _collective_parts, rank, capture, inputs, nccl_ops, steps, phases, info.world_size or ranks_analysed
-    )
-    collective_pool.shutdown(wait=False)
     step_rows, span_total, nccl_in_steps = inputs.step_table
     m["gpu_span_ns"] = span_total
     m["nccl_step_ns"] = nccl_in_steps
@@ -252,7 +245,17 @@ def rank_result(
         _null_gpu_metrics(m, null)
 
     models = _gpu_models(capture, inputs.devices_used)
-    (by_type, peers), instances = collective_work.result()
+    by_type, peers = collectives.breakdown(
+        rank,
+        inputs.rare_ops,
+        inputs.rare_mask,
+        nccl_ops,
+        steps,
+        capture.ranges,
+        nccl_domain=NCCL_DOMAIN,
+        group_size=info.world_size or ranks_analysed,
+        compute=inputs.compute_near_nccl,
+    )
     if graph_summary["graph_executions"]:
         by_type = {"totals": [], "steps": [], "null_reasons": {"totals": graphs.hidden_reason(graph_summary)}}
         peers = {"rows": [], "null_reason": graphs.hidden_reason(graph_summary)}
@@ -284,39 +287,13 @@ def rank_result(
         workload=rank_workload(capture.ranges, steps, inputs.bubble, by_type),
         timeline=link_counters.with_link_lane(timeline.result(), own, device),
         link_counters=links,
-        instances=instances,
+        instances=(
+            arrivals.collective_instances(nccl_ops, steps, phases, inputs.compute_near_nccl)
+            if nccl_ops.height
+            else arrivals.cpu_instances(capture.ranges, steps, phases)
+        ),
         clock={"base_ns": info.clock_base_ns, "source": info.clock_source, "host": info.host},
     )
-
-
-def _collective_parts(
-    rank: int,
-    capture: Capture,
-    inputs: RankInputs,
-    nccl_ops: pl.DataFrame,
-    steps: pl.DataFrame,
-    phases: pl.DataFrame,
-    group_size: int,
-) -> tuple[tuple[dict[str, Any], dict[str, Any]], pl.DataFrame]:
-    """The collectives by type and peer (metrics.collectives) and the collective instances the
-    reduce over ranks lines up (metrics.arrivals)."""
-    by_type_and_peers = collectives.breakdown(
-        rank,
-        inputs.rare_ops,
-        inputs.rare_mask,
-        nccl_ops,
-        steps,
-        capture.ranges,
-        nccl_domain=NCCL_DOMAIN,
-        group_size=group_size,
-        compute=inputs.compute_near_nccl,
-    )
-    instances = (
-        arrivals.collective_instances(nccl_ops, steps, phases, inputs.compute_near_nccl)
-        if nccl_ops.height
-        else arrivals.cpu_instances(capture.ranges, steps, phases)
-    )
-    return by_type_and_peers, instances
 
 
 def _add_breakdown(step_rows: list[dict[str, Any]], parts: dict[int, dict[str, int]]) -> None:

@@ -572,11 +572,6 @@ def _finish(
 
     # -- pass 2 ------------------------------------------------------------------------------
     release_heap()  # what pass 1 freed, not kept under pass 2's peak (traceguard.memory)
-    # The step rows need only pass 1's sums: built on a thread while pass 2 runs, whose thread
-    # mostly waits for the next piece (68 k steps of the CUDA-graph shape: 0.2 s).
-    step_pool = ThreadPoolExecutor(1, "traceguard-steps")
-    step_rows = step_pool.submit(_step_table, one, schema, rare, resolved, phases, spans)
-    step_pool.shutdown(wait=False)
     two = _Pass2()
     two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
     capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
@@ -610,7 +605,7 @@ def _finish(
 
     # -- assembly ------------------------------------------------------------------------------
     release_heap()
-    step_table = step_rows.result()
+    step_table = _step_table(one, schema, rare, resolved, phases, spans)
     phase_type = schema["phase_id"]
     counts = two.counts or copies.copy_counts(pl.DataFrame(schema=schema))
     sums = WindowSums(counts, two.pageable, one.dtod_step_bytes)
