@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -347,8 +348,9 @@ def test_ranks_planned_wrong_from_the_first_slice_are_analysed_again(
     """The first slice plans a file's GPU processes; the census of every slice, taken by the
     shared read, confirms them or has the file analysed again under the confirmed ones (here the
     first plan has the two in the wrong order, as when the process with the lower device starts
-    its GPU work later). The second attempt starts from the same small capture (ranges, strings):
-    the report is the whole read's."""
+    its GPU work later). The second attempt starts from the same small capture, its ranges read
+    again (the first attempt let the file's go once each rank held its own): the report is the
+    whole read's."""
     inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
     whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
     real = mapreduce.gpu_processes
@@ -405,3 +407,26 @@ def test_the_sequence_read_begun_beside_the_nvtx_table_is_let_go_when_ranges_set
     inferred = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
     assert finished == [True]  # the sequences read beside the table, by process
     assert _same(inferred) == _same(inferred_whole)
+
+
+@pytest.mark.parametrize("by_pid", [True, False])
+def test_the_sequence_read_beside_the_nvtx_table_gives_what_one_read_after_it_gives(
+    unpacked: Callable[[Path], Path], by_pid: bool
+) -> None:
+    """The kernel sequences read block by block beside the NVTX table, each block split by
+    process as it is taken, are the sequences of one read after it, by process or not. Not by
+    process, a block that holds both processes is what the ranks read whole: that read starts
+    again (nsys-ai's two ranks interleave in every block)."""
+    from traceguard.ingest.nsys_slices import open_sliced
+
+    path = unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz")
+    with open_sliced(path) as source:
+        early = mapreduce._SequenceRead(source, 997)
+        early.read_while(iter([True, True, False]).__next__)  # two blocks now, the rest at the end
+        got = early.finish(by_pid)
+        expected = mapreduce._kernel_sequences(source, 997, by_pid)
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    assert len(got) == (2 if by_pid else 1)
+    for pid, frames in expected.items():
+        assert pl.concat(got[pid]).equals(pl.concat(frames))
+        assert "rank" not in frames[0].columns  # set by each rank's steps

@@ -426,7 +426,7 @@ def analyse_rank_sliced(
                     spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
                     if len(writing) > 1:
                         writing.popleft().result()
-                    writing.append(writer.submit(_spill, piece, spilled[-1]))
+                    writing.append(writer.submit(piece.write_ipc, spilled[-1], compression="uncompressed"))
                     del piece
                 del ops, part  # not held while the next slice is taken
             for pending in writing:
@@ -458,55 +458,6 @@ def analyse_rank_sliced(
         finally:
             if unspill.ident is not None:  # started (pass 2 ended): done before the directory goes
                 unspill.join()
-
-
-def _spill(piece: pl.DataFrame, path: Path) -> None:
-    """Write a piece as one record batch: read back, each column is then one chunk, which
-    pass 2 hands to NumPy as it is. In Polars' batches (eight a piece) every column NumPy read was
-    copied whole first, several times a piece: 0.6 GB of copies on the CUDA-graph shape."""
-    piece.write_ipc(path, compression="uncompressed", record_batch_size=max(piece.height, 1))
-
-
-def _unspilled(path: Path) -> pl.DataFrame:
-    """A spilled piece, its columns the file's pages mapped (Arrow's reader: no copy; imported
-    here, not at every command's start: 55 ms)."""
-    import pyarrow as pa
-    import pyarrow.ipc
-
-    return pl.from_arrow(pyarrow.ipc.open_file(pa.memory_map(str(path))).read_all(), rechunk=False)  # type: ignore[return-value]
-
-
-def _step_table(
-    one: _Pass1,
-    schema: dict[str, pl.DataType],
-    rare: pl.DataFrame,
-    resolved: Any,
-    phases: pl.DataFrame,
-    spans: pl.DataFrame,
-) -> tuple[list[dict[str, Any]], int, int]:
-    """The step rows (:func:`traceguard.metrics.rank._step_rows`) from pass 1's sums alone."""
-    steps, gpu_timed = resolved.steps, resolved.gpu_timed
-    phase_type = schema["phase_id"]
-    phase_keys, phase_ns = one.phase_gpu.result()
-    phase_gpu = (
-        pl.DataFrame({"phase_id": _unpack_high(phase_keys), "gpu_ns": phase_ns})
-        .group_by("phase_id")
-        .agg(pl.col("gpu_ns").sum())
-        .cast({"phase_id": phase_type})
-    )
-    copies_per_step = (
-        pl.concat(one.step_copies).group_by("step_id").agg(pl.all().sum())
-        if one.step_copies
-        else step_copies(pl.DataFrame(schema=schema))
-    )
-    pieces = StepPieces(
-        any_in_steps=one.any_in_steps,
-        any_in_phases=one.any_in_phases,
-        nccl_in_steps=rare.filter(pl.col("is_nccl") & pl.col("step_id").is_not_null()).select(*STEP_NCCL_COLUMNS),
-        copies=copies_per_step,
-        phase_gpu=phase_gpu,
-    )
-    return _step_rows(steps, phases, pieces, spans, gpu_timed=gpu_timed)
 
 
 def _remove_all(paths: Sequence[Path]) -> None:
@@ -605,8 +556,27 @@ def _finish(
 
     # -- assembly ------------------------------------------------------------------------------
     release_heap()
-    step_table = _step_table(one, schema, rare, resolved, phases, spans)
     phase_type = schema["phase_id"]
+    phase_keys, phase_ns = one.phase_gpu.result()
+    phase_gpu = (
+        pl.DataFrame({"phase_id": _unpack_high(phase_keys), "gpu_ns": phase_ns})
+        .group_by("phase_id")
+        .agg(pl.col("gpu_ns").sum())
+        .cast({"phase_id": phase_type})
+    )
+    copies_per_step = (
+        pl.concat(one.step_copies).group_by("step_id").agg(pl.all().sum())
+        if one.step_copies
+        else step_copies(pl.DataFrame(schema=schema))
+    )
+    pieces = StepPieces(
+        any_in_steps=one.any_in_steps,
+        any_in_phases=one.any_in_phases,
+        nccl_in_steps=rare.filter(pl.col("is_nccl") & pl.col("step_id").is_not_null()).select(*STEP_NCCL_COLUMNS),
+        copies=copies_per_step,
+        phase_gpu=phase_gpu,
+    )
+    step_table = _step_rows(steps, phases, pieces, spans, gpu_timed=gpu_timed)
     counts = two.counts or copies.copy_counts(pl.DataFrame(schema=schema))
     sums = WindowSums(counts, two.pageable, one.dtod_step_bytes)
     graph_busy = {
@@ -833,7 +803,7 @@ def _second_pass_slice(
     ``steps``: whether the step breakdown is wanted (its arrays are the slice's columns in place,
     a category byte and a launch copy: fed by :func:`_second_pass` on the other thread, which
     has the time: this one reads). ``segments``: :func:`window_segments` of ``spans``."""
-    ops = _unspilled(path)
+    ops = pl.read_ipc(path)
     arrays = op_arrays(ops) if steps is not None else None
     mask = window_mask(ops, spans, pid_of_step, segments=segments)
     # Most slices lie wholly inside the window and are timed throughout: then they are the slice
