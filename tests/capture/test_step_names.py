@@ -109,14 +109,18 @@ def test_a_ddp_loop_under_nsys_with_hand_written_step_names(tmp_path: Path) -> N
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     profile = [nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none", "-f", "true"]
-    job = [sys.executable, str(script), "nsys", "|".join(STEP_NAMES), "-", _free_port()]
-    subprocess.run(
-        [*profile, "-o", str(tmp_path / "cap_0"), *job],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    failed: list[str] = []
+    for _attempt in (1, 2):
+        job = [sys.executable, str(script), "nsys", "|".join(STEP_NAMES), "-", _free_port()]
+        done = subprocess.run(
+            [*profile, "-o", str(tmp_path / "cap_0"), *job], capture_output=True, text=True, timeout=600, cwd=tmp_path
+        )
+        if done.returncode == 0:
+            break
+        # Debian's nsys 2022.4 now and then aborts on CI (exit 134), as the harness sees too
+        # (harness.nsys_did_not_start): once more, as the harness does; twice fails, both said.
+        failed.append(f"nsys exited {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
+    assert len(failed) < 2, "\n".join(failed)
     captures, problems = harness._export_reports(tmp_path, nsys, 1, keep=False)
     assert problems == [] and [c["path"] for c in captures] == ["cap_0.sqlite"]
     _check(analyze([str(tmp_path / "cap_0.sqlite")], profile="ci-cpu", scheduler="serial").report)
