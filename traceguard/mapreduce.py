@@ -509,7 +509,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             if assignment is None or assignment.error or len(assignment.ranks) != outcome.width:
                 return outcome  # planned under other ranks than the file holds: the reducer plans it again
             census: dict[int, int | None] = {}
-            if small.ranges.height == 0 and ranges_let_go:  # a second attempt: the ranges read again
+            if ranges_let_go:  # a second attempt: the ranges the first let go read again
                 small = replace(source.small_capture(keep_nvtx_rows=False), info=small.info)
             parts = list(rank_parts(small, pids, assignment))
             if len(parts) > 1:
