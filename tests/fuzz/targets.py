@@ -147,14 +147,17 @@ def nsys_rep_seeds() -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.py").write_text(_NVTX_JOB)
     command = [nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true"]
-    subprocess.run(
-        [*command, "-o", str(folder / "job"), sys.executable, str(folder / "job.py")],
-        capture_output=True,
-        timeout=300,
-        cwd=folder,
-        env={"PATH": os.environ.get("PATH", "")},
-    )
     stream = folder / "job.qdstrm"
+    for _attempt in (1, 2):  # Debian's nsys 2022.4 now and then aborts (exit 134): once more
+        done = subprocess.run(
+            [*command, "-o", str(folder / "job"), sys.executable, str(folder / "job.py")],
+            capture_output=True,
+            timeout=300,
+            cwd=folder,
+            env={"PATH": os.environ.get("PATH", "")},
+        )
+        if done.returncode == 0 or report.is_file() or stream.is_file():
+            break
     if not report.is_file() and stream.is_file() and (importer := find_importer(nsys)):
         subprocess.run([importer, "-i", str(stream)], capture_output=True, timeout=300, cwd=folder)
     stream.unlink(missing_ok=True)

@@ -429,14 +429,34 @@ def _make_report(directory: Path) -> Path:
     if nsys is None:
         pytest.fail("`nsys` is not on PATH: install Nsight Systems (CI does) to run this test")
     base = directory / "tiny"
-    subprocess.run(
-        [nsys, "profile", "--trace=osrt", "--sample=none", "--cpuctxsw=none", "-o", str(base), *PROGRAM],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
     report = base.with_suffix(".nsys-rep")
     qdstrm = base.with_suffix(".qdstrm")
+    failed: list[str] = []
+    for _attempt in (1, 2):
+        done = subprocess.run(
+            [
+                nsys,
+                "profile",
+                "--trace=osrt",
+                "--sample=none",
+                "--cpuctxsw=none",
+                "-f",
+                "true",
+                "-o",
+                str(base),
+                *PROGRAM,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode == 0 or report.exists() or qdstrm.exists():
+            break
+        # Debian's nsys 2022.4 now and then aborts (exit 134) before writing anything, as the
+        # harness sees too (harness.nsys_did_not_start): once more; twice fails, both said.
+        failed.append(f"nsys exited {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
+    assert len(failed) < 2, "\n".join(failed)
     if not report.exists() and qdstrm.exists():
         candidates = [
             Path(nsys).resolve().parent.parent / "host-linux-x64" / "QdstrmImporter",
