@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import nsys_profile
 from traceguard.capture import harness
 from traceguard.pipeline import analyze
 
@@ -109,17 +110,12 @@ def test_a_ddp_loop_under_nsys_with_hand_written_step_names(tmp_path: Path) -> N
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     profile = [nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none", "-f", "true"]
-    failed: list[str] = []
-    for _attempt in (1, 2):
+
+    def command() -> list[str]:  # a fresh port for a second run
         job = [sys.executable, str(script), "nsys", "|".join(STEP_NAMES), "-", _free_port()]
-        done = subprocess.run(
-            [*profile, "-o", str(tmp_path / "cap_0"), *job], capture_output=True, text=True, timeout=600, cwd=tmp_path
-        )
-        if done.returncode == 0:
-            break
-        # Debian's nsys 2022.4 now and then aborts on CI (exit 134), as the harness sees too
-        # (harness.nsys_did_not_start): once more, as the harness does; twice fails, both said.
-        failed.append(f"nsys exited {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
+        return [*profile, "-o", str(tmp_path / "cap_0"), *job]
+
+    failed = nsys_profile.profile(command, lambda: False, timeout=600, cwd=tmp_path)
     assert len(failed) < 2, "\n".join(failed)
     captures, problems = harness._export_reports(tmp_path, nsys, 1, keep=False)
     assert problems == [] and [c["path"] for c in captures] == ["cap_0.sqlite"]

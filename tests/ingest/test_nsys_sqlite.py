@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tests import nsys_profile
 from tests.conftest import PUBLIC_NSYS, public_nsys
 from traceguard import model, tools
 from traceguard.errors import InputError, ToolNotFoundError
@@ -431,31 +432,8 @@ def _make_report(directory: Path) -> Path:
     base = directory / "tiny"
     report = base.with_suffix(".nsys-rep")
     qdstrm = base.with_suffix(".qdstrm")
-    failed: list[str] = []
-    for _attempt in (1, 2):
-        done = subprocess.run(
-            [
-                nsys,
-                "profile",
-                "--trace=osrt",
-                "--sample=none",
-                "--cpuctxsw=none",
-                "-f",
-                "true",
-                "-o",
-                str(base),
-                *PROGRAM,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode == 0 or report.exists() or qdstrm.exists():
-            break
-        # Debian's nsys 2022.4 now and then aborts (exit 134) before writing anything, as the
-        # harness sees too (harness.nsys_did_not_start): once more; twice fails, both said.
-        failed.append(f"nsys exited {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
+    command = [nsys, "profile", "--trace=osrt", "--sample=none", "--cpuctxsw=none", "-f", "true", "-o", base, *PROGRAM]
+    failed = nsys_profile.profile(command, lambda: report.exists() or qdstrm.exists(), timeout=120)
     assert len(failed) < 2, "\n".join(failed)
     if not report.exists() and qdstrm.exists():
         candidates = [
