@@ -325,6 +325,39 @@ def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
     )  # less the per-op ranges
 
 
+def test_payloads_decoded_only_where_a_range_has_a_blob(unpacked, tmp_path: Path) -> None:
+    """Blobs on some ranges only (as a real export has them: NCCL's calls, not the millions of
+    other ranges): each range with one reads its own fields, every other range none, whatever
+    its neighbours hold; a blob in a domain without the fields decodes to nothing."""
+    db = tmp_path / "some_payloads.sqlite"
+    shutil.copy(unpacked(public_nsys("mfu_2gpu_before")), db)
+    conn = sqlite3.connect(db)
+    (offset,) = conn.execute(
+        "SELECT DISTINCT offset FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'Message size [bytes]'"
+    ).fetchone()
+    nccl = [r for (r,) in conn.execute("SELECT rowid FROM NVTX_EVENTS WHERE domainId = 1 ORDER BY rowid")]
+    sizes = {rowid: 1000 + 7 * i for i, rowid in enumerate(nccl) if i % 3 == 0}
+    for rowid, size in sizes.items():  # a bare payload (no header): the size at its offset
+        blob = struct.pack("<QQQ", 0xABCDEF, size, 7)[: offset + 8]
+        conn.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?", (blob, rowid))
+    (other,) = conn.execute(
+        "SELECT MIN(rowid) FROM NVTX_EVENTS WHERE domainId = 0 AND eventType = 59 AND text NOT LIKE 'aten::%'"
+    ).fetchone()
+    conn.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?", (struct.pack("<QQQ", 1, 2, 3), other))
+    by_start = dict(conn.execute("SELECT start, rowid FROM NVTX_EVENTS WHERE domainId = 1"))
+    other_start = conn.execute("SELECT start FROM NVTX_EVENTS WHERE rowid = ?", (other,)).fetchone()[0]
+    conn.commit()
+    conn.close()
+    ranges = read_nsys_sqlite(db).ranges
+    nccl_ranges = ranges.filter(pl.col("domain") == "NCCL")
+    assert nccl_ranges.height == len(nccl) and 0 < len(sizes) < len(nccl)
+    got = {by_start[start]: value for start, value in nccl_ranges.select("start", "payload_bytes").iter_rows()}
+    assert got == {rowid: sizes.get(rowid) for rowid in nccl}
+    assert ranges["payload_peer"].null_count() == ranges.height  # no blob names its schema
+    (other_row,) = ranges.filter(pl.col("start") == other_start, pl.col("domain").is_null()).iter_rows(named=True)
+    assert other_row["payload_bytes"] is None
+
+
 def test_sqlite_safe_helpers(unpacked) -> None:
     conn = open_readonly(unpacked(public_nsys("mock")), quick_check=True, deadline=30)
     try:

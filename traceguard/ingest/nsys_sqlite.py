@@ -1353,31 +1353,25 @@ class _Reader:
             for key in frame["domain_id"].unique().drop_nulls().to_list()
         }
         domain = domain_id.replace_strict(named, default=None, return_dtype=pl.String)
-        payload = pl.lit(None, dtype=pl.Int64)
-        peer = pl.lit(None, dtype=pl.Int32)
+        payload: pl.Expr | pl.Series = pl.lit(None, dtype=pl.Int64)
+        peer: pl.Expr | pl.Series = pl.lit(None, dtype=pl.Int32)
         if "payload" in frame.columns:
-            offsets, peer_offsets = self.payload_offsets(), self.peer_offsets()
-            frame = frame.with_columns(_payload_base(pl.col("payload")).alias("payload_base"))
-            bases = [b for b in frame["payload_base"].unique().to_list() if b is not None]
-            for domain_key, offset in offsets.items():  # one expression per domain and base, not per event
-                for base in bases:
-                    value = (
-                        pl.col("payload")
-                        .bin.slice(base + offset, 8)
-                        .bin.reinterpret(dtype=pl.UInt64, endianness="little")
-                        .cast(pl.Int64, strict=False)
-                    )
-                    hit = (domain_id == domain_key) & (pl.col("payload_base") == base)
-                    hit = hit & (pl.col("payload").bin.size() >= base + offset + 8)
-                    payload = pl.when(hit).then(value).otherwise(payload)
-            schema_id = _payload_schema(pl.col("payload"))
-            for (domain_key, schema_key), offset in peer_offsets.items():  # per schema, not per event
-                for base in bases:
-                    hit = (domain_id == domain_key) & (schema_id == schema_key) & (pl.col("payload_base") == base)
-                    hit = hit & (pl.col("payload").bin.size() >= base + offset + 4)
-                    field = pl.col("payload").bin.slice(base + offset, 4)
-                    value = field.bin.reinterpret(dtype=pl.Int32, endianness="little")
-                    peer = pl.when(hit).then(value).otherwise(peer)
+            # Decoded only where there is a blob (a range without one, null or empty as the reader
+            # gives it, has neither field): NCCL's ranges, not every range (the per-op NVTX shape:
+            # 2.6 M ranges and no blob).
+            with_blob = frame["payload"].bin.size().fill_null(0) > 0
+            if with_blob.any():
+                decoded = _decode_payloads(
+                    frame.filter(with_blob).select("domain_id", "payload"),
+                    self.payload_offsets(),
+                    self.peer_offsets(),
+                )
+                at = with_blob.arg_true()
+                payload = pl.Series(dtype=pl.Int64).extend_constant(None, frame.height)
+                payload = payload.scatter(at, decoded["payload_bytes"])
+                peer = pl.Series(dtype=pl.Int32).extend_constant(None, frame.height)
+                peer = peer.scatter(at, decoded["payload_peer"])
+            frame = frame.drop("payload")
         frame = frame.with_columns(
             name.alias("name"),
             domain.alias("domain"),
@@ -1430,6 +1424,43 @@ class _Reader:
 
 def _u64_at(blob: pl.Expr, offset: int) -> pl.Expr:
     return blob.bin.slice(offset, 8).bin.reinterpret(dtype=pl.UInt64, endianness="little").cast(pl.Int64)
+
+
+def _decode_payloads(
+    blobs: pl.DataFrame, offsets: dict[int, int], peer_offsets: dict[tuple[int, int], int]
+) -> pl.DataFrame:
+    """Per row of ``blobs`` (``domain_id``, ``payload``: a range's ``binaryData``), the message
+    size (``payload_bytes``, by :meth:`NsysReader.payload_offsets`) and the peer rank
+    (``payload_peer``, by :meth:`NsysReader.peer_offsets`) its payload holds; null where its
+    domain (and schema) has no such field or the blob is too short."""
+    payload = pl.lit(None, dtype=pl.Int64)
+    peer = pl.lit(None, dtype=pl.Int32)
+    domain_id = pl.col("domain_id")
+    blobs = blobs.with_columns(_payload_base(pl.col("payload")).alias("payload_base"))
+    bases = [b for b in blobs["payload_base"].unique().to_list() if b is not None]
+    for domain_key, offset in offsets.items():  # one expression per domain and base, not per event
+        for base in bases:
+            value = (
+                pl.col("payload")
+                .bin.slice(base + offset, 8)
+                .bin.reinterpret(dtype=pl.UInt64, endianness="little")
+                .cast(pl.Int64, strict=False)
+            )
+            hit = (domain_id == domain_key) & (pl.col("payload_base") == base)
+            hit = hit & (pl.col("payload").bin.size() >= base + offset + 8)
+            payload = pl.when(hit).then(value).otherwise(payload)
+    schema_id = _payload_schema(pl.col("payload"))
+    for (domain_key, schema_key), offset in peer_offsets.items():  # per schema, not per event
+        for base in bases:
+            hit = (domain_id == domain_key) & (schema_id == schema_key) & (pl.col("payload_base") == base)
+            hit = hit & (pl.col("payload").bin.size() >= base + offset + 4)
+            field = pl.col("payload").bin.slice(base + offset, 4)
+            value = field.bin.reinterpret(dtype=pl.Int32, endianness="little")
+            peer = pl.when(hit).then(value).otherwise(peer)
+    # with_columns, not select: a literal (no domain with the field) takes the frame's height.
+    return blobs.with_columns(payload.alias("payload_bytes"), peer.alias("payload_peer")).select(
+        "payload_bytes", "payload_peer"
+    )
 
 
 def _payload_base(blob: pl.Expr) -> pl.Expr:
