@@ -178,3 +178,30 @@ def test_searches_in_sorted_order_are_searchsorted(haystack: list[int], needles:
     want = np.searchsorted(sorted_keys, keys, side="left")
     assert np.array_equal(model._search_each(sorted_keys, keys), want)
     assert np.array_equal(model._search_runs(sorted_keys, keys), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    haystack=st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 60)), max_size=60),
+    needles=st.lists(st.tuples(st.integers(-1, 3), st.integers(0, 60)), min_size=2, max_size=120),
+    in_order=st.booleans(),
+    processes=st.integers(1, 20),
+)
+def test_searches_by_process_are_searchsorted(
+    haystack: list[tuple[int, int]], needles: list[tuple[int, int]], in_order: bool, processes: int
+) -> None:
+    """Keys packed as the launch join packs them (process above bit 6, a null key -1), several
+    processes' keys interleaved, each process's in order or not, up to more processes than are
+    searched one at a time: searched by process (``shift``) they are still ``np.searchsorted``."""
+
+    def pack(pairs: list[tuple[int, int]], spread: int) -> np.ndarray:
+        return np.array([-1 if p < 0 else ((p * spread) % processes) << 6 | v for p, v in pairs], dtype=np.int64)
+
+    sorted_keys = np.sort(pack(haystack, 1))
+    rows = sorted(needles, key=lambda pv: pv[1]) if in_order else needles
+    keys = pack(rows, 7)
+    want = np.searchsorted(sorted_keys, keys, side="left")
+    assert np.array_equal(model._search_each(sorted_keys, keys, 6), want)
+    assert np.array_equal(model._search_runs(sorted_keys, keys, 6), want)
+    many = np.concatenate([np.arange(40, dtype=np.int64) << 6, keys])  # 40 processes, then these
+    assert np.array_equal(model._search_each(sorted_keys, many, 6), np.searchsorted(sorted_keys, many))
