@@ -868,7 +868,7 @@ def _raise_marks(marks: dict[int, int], pids: pl.Series, ids: pl.Series, where: 
     ``pids`` and ``ids`` (one frame's columns) that ``where`` picks (None: all); rows with
     either null count for nothing. NumPy, for the first :data:`_MARKS_COMPARED` processes (a
     file's few) one masked maximum each over the columns as they are, with no copy of the rows
-    picked (a million ops of two processes: 6 ms, where the copies took 30); on the calling
+    picked (a million ops of two processes: 18 ms, where the copies took 33); on the calling
     thread: a Polars group-by here waited on the pool that the ranks' analyses keep busy."""
     if pids.null_count() or ids.null_count():
         left = (pids.is_not_null() & ids.is_not_null()).to_numpy()

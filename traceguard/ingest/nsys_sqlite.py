@@ -1430,8 +1430,8 @@ def _decode_payloads(
     blobs: pl.DataFrame, offsets: dict[int, int], peer_offsets: dict[tuple[int, int], int]
 ) -> pl.DataFrame:
     """Per row of ``blobs`` (``domain_id``, ``payload``: a range's ``binaryData``), the message
-    size (``payload_bytes``, by :meth:`NsysReader.payload_offsets`) and the peer rank
-    (``payload_peer``, by :meth:`NsysReader.peer_offsets`) its payload holds; null where its
+    size (``payload_bytes``, by :meth:`_Reader.payload_offsets`) and the peer rank
+    (``payload_peer``, by :meth:`_Reader.peer_offsets`) its payload holds; null where its
     domain (and schema) has no such field or the blob is too short."""
     payload = pl.lit(None, dtype=pl.Int64)
     peer = pl.lit(None, dtype=pl.Int32)
