@@ -304,14 +304,21 @@ def test_ranges_nest(unpacked) -> None:
     assert (parents["depth_p"] == parents["depth"] - 1).all()
 
 
-def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
-    """The fixtures' binaryData is empty (as NSYS.md saw), so put a payload into a copy."""
-    db = tmp_path / "payload.sqlite"
+def _mfu_copy(unpacked, db: Path) -> tuple[sqlite3.Connection, int]:
+    """A writable copy of mfu_2gpu_before at ``db`` (its binaryData is empty, as NSYS.md saw),
+    open, and the offset of NCCL's "Message size [bytes]" payload field."""
     shutil.copy(unpacked(public_nsys("mfu_2gpu_before")), db)
     conn = sqlite3.connect(db)
     (offset,) = conn.execute(
         "SELECT DISTINCT offset FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'Message size [bytes]'"
     ).fetchone()
+    return conn, offset
+
+
+def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
+    """The fixtures' binaryData is empty (as NSYS.md saw), so put a payload into a copy."""
+    db = tmp_path / "payload.sqlite"
+    conn, offset = _mfu_copy(unpacked, db)
     blob = struct.pack("<QQQ", 0xABCDEF, 123456789, 7)[: offset + 8]
     conn.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE domainId = 1", (blob,))
     conn.commit()
@@ -330,11 +337,7 @@ def test_payloads_decoded_only_where_a_range_has_a_blob(unpacked, tmp_path: Path
     other ranges): each range with one reads its own fields, every other range none, whatever
     its neighbours hold; a blob in a domain without the fields decodes to nothing."""
     db = tmp_path / "some_payloads.sqlite"
-    shutil.copy(unpacked(public_nsys("mfu_2gpu_before")), db)
-    conn = sqlite3.connect(db)
-    (offset,) = conn.execute(
-        "SELECT DISTINCT offset FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'Message size [bytes]'"
-    ).fetchone()
+    conn, offset = _mfu_copy(unpacked, db)
     nccl = [r for (r,) in conn.execute("SELECT rowid FROM NVTX_EVENTS WHERE domainId = 1 ORDER BY rowid")]
     sizes = {rowid: 1000 + 7 * i for i, rowid in enumerate(nccl) if i % 3 == 0}
     for rowid, size in sizes.items():  # a bare payload (no header): the size at its offset
