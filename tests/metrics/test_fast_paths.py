@@ -1,7 +1,7 @@
 """The vectorized fast paths of the metrics agree with their plain Polars formulations.
 
-``union_ns`` (NumPy running max over packed group bands) against the sort/cum_max/group_by
-version; the packed-key launch join against the two-column join, including repeated keys.
+``union_ns`` and ``union_segments`` (NumPy running max over packed group bands) against the
+sort/cum_max/group_by version; the packed-key launch join against the two-column join, including repeated keys.
 """
 
 from __future__ import annotations
@@ -35,6 +35,35 @@ def test_union_ns_matches_polars(seed: int) -> None:
         fast = intervals.union_ns(frame, by).collect().sort(by, nulls_last=True)
         slow = intervals._union_ns_polars(frame, by).collect().sort(by, nulls_last=True)
         assert fast.equals(slow.select(fast.columns)), by
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_union_segments_match_polars(seed: int) -> None:
+    """The segments themselves, not only their lengths: the same keys, starts and ends, in the
+    same order, with null keys, tied starts, nested and touching intervals."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    start = rng.integers(-1_000, 3_000 if seed % 2 else 10_000, n)
+    groups = pl.Series(rng.integers(0, 5, n))
+    if seed % 3 == 0:
+        groups = groups.set(pl.Series(rng.random(n) < 0.2), None)
+    frame = pl.DataFrame(
+        {
+            "g": groups,
+            "name": rng.choice(["AllReduce", "Broadcast"], n),
+            "device": rng.integers(0, 2, n).astype(np.int32),
+            "start": start,
+            "end": start + rng.integers(0, 500, n),
+        }
+    )
+    for by in (["g"], ["name", "device"], ["g", "name", "device"]):
+        fast = intervals.union_segments(frame, by).collect()
+        slow = intervals._union_segments_polars(frame, by).collect()
+        assert fast.schema == slow.schema, by
+        assert fast.equals(slow), by
+        # Disjoint within a group, and every interval inside one segment of its group.
+        ordered = fast.with_columns(pl.col("end").shift(1).over(by).alias("previous_end"))
+        assert ordered.filter(pl.col("start") <= pl.col("previous_end")).height == 0, by
 
 
 def _frames(repeat_key: bool) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.metrics.intervals import running_max
+from traceguard.metrics.table_rows import dicts_from_columns
 from traceguard.model import OP_KINDS
 
 try:  # the compiled loop (setup.py builds it when a C compiler is there); NumPy otherwise
@@ -227,20 +228,10 @@ class StepBreakdown:
             total += state.finish()
         self.devices = {}
         compute, with_nccl, busy, host, other = total
-        # Python ints by tolist(), not int() of a NumPy scalar six times a step (68 k steps: 0.3 s).
+        # Python ints by tolist(), not int() of a NumPy scalar six times a step, and the dicts
+        # built from the columns (table_rows): 68 k steps, 0.15 -> 0.03 s.
         columns = (np.diff(self.bounds), compute, with_nccl - compute, busy - with_nccl, host, other)
-        period_ns, compute_ns, comm_ns, copy_ns, idle_host_ns, idle_other_ns = (c.tolist() for c in columns)
-        return {
-            index: {
-                "period_ns": period_ns[k],
-                "compute_ns": compute_ns[k],
-                "comm_ns": comm_ns[k],
-                "copy_ns": copy_ns[k],
-                "idle_host_ns": idle_host_ns[k],
-                "idle_other_ns": idle_other_ns[k],
-            }
-            for k, index in enumerate(self.indices)
-        }
+        return dict(zip(self.indices, dicts_from_columns(FIELDS, [c.tolist() for c in columns]), strict=True))
 
 
 #: Rows fed at a time: the start-ordered columns are gathered a chunk at a time.

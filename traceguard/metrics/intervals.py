@@ -50,19 +50,50 @@ def grouped_running_max(values: np.ndarray, group: np.ndarray, first: np.ndarray
 
 
 def union_segments(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
-    """Merge overlapping ``[start, end)`` intervals per group into disjoint segments.
+    """Merge overlapping ``[start, end)`` intervals per group into disjoint segments, in
+    ``[*by, "start"]`` order.
 
     After sorting by start, an interval opens a new segment when it starts after every earlier
-    interval of the group has ended (a running max of ``end``).
-    """
+    interval of the group has ended (a running max of ``end``). One sort in Polars, the rest in
+    NumPy (:func:`grouped_running_max`): Polars' window functions over 68 k groups (a CUDA-graph
+    capture's NCCL kernels by step) took 0.26 s, this 0.02 s. A null time or no key: Polars."""
+    data = frame.lazy().select([*by, "start", "end"]).sort([*by, "start"]).collect()
+    if not by or data.height == 0 or data["start"].null_count() or data["end"].null_count():
+        return _union_segments_polars(data, by)
+    start = data["start"].to_numpy()
+    end = data["end"].to_numpy()
+    keys = pl.col(by[0]) if len(by) == 1 else pl.struct(by)
+    group = data.select(keys.rle_id()).to_series().to_numpy().astype(np.int64)
+    first = np.empty(len(group), dtype=bool)
+    first[0] = True
+    np.not_equal(group[1:], group[:-1], out=first[1:])
+    running = grouped_running_max(end.astype(np.int64, copy=False), group, first)
+    new = first.copy()
+    np.greater(start[1:], running[:-1], out=new[1:])
+    new |= first
+    seg_first = np.flatnonzero(new)
+    return (
+        data.select(by)[seg_first]
+        .with_columns(
+            pl.Series("start", start[seg_first], dtype=data.schema["start"]),
+            pl.Series("end", np.maximum.reduceat(end, seg_first), dtype=data.schema["end"]),
+        )
+        .lazy()
+    )
+
+
+def _union_segments_polars(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
+    """:func:`union_segments` by Polars' window functions (any nulls, any keys)."""
     lazy = frame.lazy().select([*by, "start", "end"]).sort([*by, "start"])
-    open_until = pl.col("end").cum_max().shift(1).over(by)
+    open_until = pl.col("end").cum_max().shift(1).over(by) if by else pl.col("end").cum_max().shift(1)
+    segment = pl.col("_new").cum_sum().over(by) if by else pl.col("_new").cum_sum()
     return (
         lazy.with_columns((open_until.is_null() | (pl.col("start") > open_until)).alias("_new"))
-        .with_columns(pl.col("_new").cum_sum().over(by).alias("_segment"))
+        .with_columns(segment.alias("_segment"))
         .group_by([*by, "_segment"])
         .agg(pl.col("start").min(), pl.col("end").max())
         .drop("_segment")
+        .sort([*by, "start"])
     )
 
 
@@ -178,7 +209,7 @@ def union_ns_sorted(data: pl.DataFrame, by: list[str]) -> pl.LazyFrame:
 
 
 def _union_ns_polars(frame: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
-    return union_segments(frame, by).group_by(by).agg((pl.col("end") - pl.col("start")).sum().alias("union_ns"))
+    return _union_segments_polars(frame, by).group_by(by).agg((pl.col("end") - pl.col("start")).sum().alias("union_ns"))
 
 
 #: Rows handled per NumPy pass here (bounds the temporaries).

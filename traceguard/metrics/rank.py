@@ -540,6 +540,11 @@ STEP_NCCL_COLUMNS = ("is_nccl", "step_id", "phase_id", "device", "start", "end")
 
 def step_copies(in_steps: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     """Per ``step_id`` of the ops in steps: device-to-device and peer copies and bytes."""
+    return step_copies_query(in_steps).collect()
+
+
+def step_copies_query(in_steps: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+    """:func:`step_copies` as a query (collected with others: traceguard.metrics.sliced)."""
     is_dtod, is_peer = pl.col("copy_kind") == "DtoD", pl.col("copy_kind") == "PtoP"
     return (
         in_steps.lazy()
@@ -551,7 +556,6 @@ def step_copies(in_steps: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
             pl.col("bytes").filter(is_peer).sum().alias("peer_bytes"),
             is_peer.sum().alias("peer_copies"),
         )
-        .collect()
     )
 
 
@@ -765,12 +769,17 @@ def _gpu_models(capture: Capture, used: pl.Series) -> list[str]:
 
 def op_counts(ops: pl.DataFrame) -> dict[str, int]:
     """The op counts capture_health reports: all ops, those without a launch, those ending before they start."""
-    row = ops.select(
+    row = ops.select(*op_count_exprs()).row(0, named=True)
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def op_count_exprs() -> list[pl.Expr]:
+    """:func:`op_counts`' sums as expressions, named by its keys."""
+    return [
         pl.len().alias("gpu_ops"),
         pl.col("launch_start").is_null().sum().alias("ops_without_launch"),
         (pl.col("end") < pl.col("start")).sum().alias("negative_ops"),
-    ).row(0, named=True)
-    return {k: int(v or 0) for k, v in row.items()}
+    ]
 
 
 def _health(capture: Capture, steps: pl.DataFrame, counts: dict[str, int]) -> dict[str, Any]:

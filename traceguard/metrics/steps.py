@@ -341,12 +341,16 @@ def _phase_ids(points: pl.DataFrame, phases: pl.DataFrame) -> pl.Series:
 
 def step_spans(attributed: pl.DataFrame) -> pl.DataFrame:
     """GPU span of each step: [first attributed op start, last attributed op end]."""
+    return step_spans_query(attributed).collect()
+
+
+def step_spans_query(attributed: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+    """:func:`step_spans` as a query (collected with others: traceguard.metrics.sliced)."""
     return (
         attributed.lazy()
         .filter(pl.col("step_id").is_not_null())
         .group_by("step_id")
         .agg(pl.col("start").min().alias("gpu_start"), pl.col("end").max().alias("gpu_end"))
-        .collect()
     )
 
 
