@@ -229,7 +229,7 @@ class StepBreakdown:
         self.devices = {}
         compute, with_nccl, busy, host, other = total
         # Python ints by tolist(), not int() of a NumPy scalar six times a step, and the dicts
-        # built from the columns (table_rows): 68 k steps, 0.15 -> 0.03 s.
+        # built from the columns (table_rows): 68.5 k steps, 0.10-0.16 -> 0.09 s.
         columns = (np.diff(self.bounds), compute, with_nccl - compute, busy - with_nccl, host, other)
         return dict(zip(self.indices, dicts_from_columns(FIELDS, [c.tolist() for c in columns]), strict=True))
 
