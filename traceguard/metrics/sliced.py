@@ -722,9 +722,9 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
     in_step = pl.col("step_id").is_not_null()
     lazy = ops.lazy()
     # The slice's sums and parts as one batch of queries (pl.collect_all: run side by side), not
-    # one after another, and the phase key packed in its filter's pass: the CUDA-graph shape's
-    # 12 slices of 0.9 M ops, 2.2-2.5 -> 1.7-1.9 s on the analysing thread. (Its pass 1 waits on
-    # the read, so the run's time did not move; the core is the read's.)
+    # one after another: the CUDA-graph shape's 12 slices of 0.9 M ops, 2.2-2.5 -> 1.7-1.9 s on
+    # the analysing thread with the phase key packed in Polars too, a second definition of _pack
+    # that was not kept (its pass 1 waits on the read: the run's time did not move either way).
     queries = [
         lazy.select(
             *op_count_exprs(),
@@ -740,10 +740,8 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
         lazy.filter(pl.col("copy_kind").is_in(copies.GPU_TO_CPU).fill_null(False)).select(_DTOH_COLUMNS),
     ]
     if phases.height:
-        # The phase and device packed as _pack packs them, in the filter's own pass.
-        device = pl.col("device").fill_null(-1).cast(pl.Int64) & 0xFFFFFFFF
-        key = pl.col("phase_id").cast(pl.Int64) * (1 << 32) + device
-        queries.append(lazy.filter(in_step & pl.col("phase_id").is_not_null()).select(key.alias("key"), "start", "end"))
+        in_phase = in_step & pl.col("phase_id").is_not_null()
+        queries.append(lazy.filter(in_phase).select("phase_id", "device", "start", "end"))
         queries.append(
             lazy.filter(pl.col("phase_id").is_not_null() & pl.col("start").is_not_null() & pl.col("end").is_not_null())
             .group_by("phase_id")
@@ -762,7 +760,11 @@ def _first_pass(one: _Pass1, ops: pl.DataFrame, phases: pl.DataFrame, launched: 
     one.step_copies.append(step_copied)
     if phases.height:
         in_phases, extents = phase_parts
-        one.phase_gpu.feed(in_phases["key"].to_numpy(), in_phases["start"].to_numpy(), in_phases["end"].to_numpy())
+        one.phase_gpu.feed(
+            _pack(in_phases["phase_id"], in_phases["device"]),
+            in_phases["start"].to_numpy(),
+            in_phases["end"].to_numpy(),
+        )
         one.extents.append(extents)
     one.rare.append(rare)
     # GPU-to-CPU copies (millions in a host-staged job) are kept as groups by issuer, not rows: an
