@@ -203,6 +203,40 @@ def test_default_threshold_reads_whole_only_an_export_whose_steps_need_its_kerne
         assert _same(default) == _same(whole) == _same(asked)
 
 
+def test_an_export_of_one_process_reads_its_first_slice_beside_its_small_capture_unless_read_whole(
+    unpacked: Callable[[Path], Path],
+    sliced_ranks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An export of one process reads its small capture on a thread of its own while it reads its
+    first slice, however few its NVTX rows; not where its steps surely come from its kernel
+    sequence and it may be read whole (that slice would be read for nothing), but again where
+    it is sliced as asked. The report is the whole read's every way."""
+    monkeypatch.delenv(SLICED_ABOVE_ENV, raising=False)
+    monkeypatch.setattr(mapreduce, "SLICED_ABOVE_DEFAULT", 0)
+    readers: list[str] = []
+    small_capture = SlicedNsys.small_capture
+
+    def spied(self: SlicedNsys, **kwargs: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        return small_capture(self, **kwargs)
+
+    monkeypatch.setattr(SlicedNsys, "small_capture", spied)
+    inputs = [str(unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"))]
+    for sources, sliced_above, beside, sliced in (
+        (None, None, True, True),  # steps from ranges: sliced, the first slice read meanwhile
+        (["inferred"], None, False, False),  # surely from the sequence: read whole after the look
+        (["inferred"], 0, True, True),  # sliced as asked: never read whole
+    ):
+        readers.clear()
+        sliced_ranks.clear()
+        whole = pipeline.analyze(inputs, scheduler="serial", step_sources=sources, sliced_above=1 << 40).report
+        got = pipeline.analyze(inputs, scheduler="serial", step_sources=sources, sliced_above=sliced_above).report
+        assert len(readers) == 1 and readers[0].startswith("traceguard-small") == beside, (sources, readers)
+        assert sliced_ranks == ([0] if sliced else [])
+        assert _same(got) == _same(whole)
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_an_export_read_whole_after_the_sliced_look_reads_its_nvtx_table_once(
     unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch, overlap: bool

@@ -208,8 +208,10 @@ def add_copies(parts: Sequence[pl.DataFrame], rank: int) -> pl.DataFrame:
     return summed.with_columns(pl.lit(rank).alias("rank")).cast(parts[0].schema)  # type: ignore[arg-type]
 
 
-#: NVTX rows from which a sliced read reads the small capture (mostly that table) on a thread
-#: while it reads the first slice (:func:`_map_sliced`): about 0.1 s of the NVTX read.
+#: NVTX rows from which a sliced read of a file of several processes reads the small capture
+#: (mostly that table) on a thread while it reads their kernel sequences (:func:`_map_sliced`).
+#: A file of one process reads its first slice meanwhile whatever the table's size
+#: (:func:`_first_slice_meanwhile`).
 OVERLAP_NVTX_ROWS = 1_000_000
 
 #: The environment variable that sets :attr:`MapOptions.sliced_above` (bytes) when no option does.
@@ -258,6 +260,20 @@ def _may_read_whole(options: MapOptions, path: Path) -> bool:
         return path.stat().st_size < _memory_quarter()
     except OSError:
         return False
+
+
+def _first_slice_meanwhile(task: MapTask, path: Path, several: bool) -> bool:
+    """Whether a sliced input of one process reads its first slice on this thread while its small
+    capture is read on another, whatever its NVTX table's size: not when its steps surely come
+    from its kernel sequence (no step source before that one reads only ranges) and it may be read
+    whole (:func:`_may_read_whole`), where that slice would be read for nothing. The small capture
+    of the CUDA-graph shape of ``bench/RESULTS.md`` (365 k NVTX rows) took 0.33 s before the first
+    slice's read began: its first pass began 0.25-0.35 s sooner this way."""
+    from traceguard.metrics.sliced import steps_surely_from_sequence
+
+    if several:
+        return False
+    return not (steps_surely_from_sequence(_rank_options(task)["step_sources"]) and _may_read_whole(task.options, path))
 
 
 def parse_size(text: str) -> int:
@@ -444,10 +460,11 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     with open_sliced(path, shown=str(spec.path)) as source, ThreadPoolExecutor(1, "traceguard-small") as pool:
         several = source.processes_at_start() > 1
         # The first slice plans the ranks, then starts the first rank's first read (not read twice).
-        # It needs nothing of the small capture: where that read is long (a range per op: 4.3 s of
-        # 47.7 M NVTX rows), it runs on a thread meanwhile; a file that is then read whole wasted
-        # the first slice's read, on the core the NVTX read left idle.
-        overlap = source.nvtx_rows_at_most() >= OVERLAP_NVTX_ROWS
+        # It needs nothing of the small capture, which runs on a thread meanwhile: where that read
+        # is long (a range per op: 4.3 s of 47.7 M NVTX rows), and for a file of one process unless
+        # it will surely be read whole (_first_slice_meanwhile); a file that is then read whole
+        # wasted the first slice's read, on the core the NVTX read left idle.
+        overlap = source.nvtx_rows_at_most() >= OVERLAP_NVTX_ROWS or _first_slice_meanwhile(task, path, several)
         # A file of several processes is never read whole (below): its NVTX rows need not stay.
         reading = functools.partial(source.small_capture, keep_nvtx_rows=not several)
         pending = pool.submit(reading) if overlap else None

@@ -657,6 +657,12 @@ def _ranges_only(sources: Sequence[str]) -> list[str]:
     return ranges_only
 
 
+def steps_surely_from_sequence(sources: Sequence[str]) -> bool:
+    """Whether steps sought from ``sources`` come from the kernel sequence whatever the ranges
+    hold: no source before the first that reads the ops reads only ranges."""
+    return not _ranges_only(sources)
+
+
 def steps_from_ranges(capture: Capture, patterns: Sequence[str], sources: Sequence[str]) -> Any | None:
     """The rank's steps when the step sources that read only ranges settle them (a source found
     steps, or no source needs the ops), as :func:`resolve_steps` finds them; None when they must
