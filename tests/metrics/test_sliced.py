@@ -144,6 +144,26 @@ def test_time_pieces_cut_a_slice_by_start_keeping_its_order(starts: list[int | N
         assert len(pieces) > 1
 
 
+def test_a_spilled_piece_reads_back_as_written_and_outlives_its_file(tmp_path: Path) -> None:
+    """A piece of a real capture's attributed ops, written as pass 1 spills it, reads back (memory
+    mapped) as ``pl.read_ipc`` reads it: every column, type (enums, booleans) and null; and its
+    columns stay readable after the file is removed, as the spill is while pass 2 runs."""
+    capture = with_rank(read_capture(OWN / "sweep_h200" / "cpu_staged" / "cap_0.sqlite.gz", keep_correlation=False), 0)
+    ops = capture.gpu_ops.with_columns(
+        pl.col("kind").eq("kernel").alias("is_nccl"),
+        pl.when(pl.col("start") % 3 == 0).then(None).otherwise(pl.col("name_id")).alias("step_id"),
+        pl.col("name_id").alias("launch_name_id"),
+        pl.col("start").alias("launch_start"),
+    ).select(sliced._SPILL_COLUMNS)
+    assert ops["copy_kind"].null_count() and ops["copy_kind"].drop_nulls().len()  # kernels and copies both
+    path = tmp_path / "000000.arrow"
+    ops.write_ipc(path, compression="uncompressed")
+    got = sliced.read_spilled(path)
+    assert_frame_equal(got, pl.read_ipc(path))
+    path.unlink()
+    assert_frame_equal(got.sort("start", maintain_order=True), ops.sort("start", maintain_order=True))
+
+
 def test_sliced_reads_the_source_once(tmp_path: Path) -> None:
     capture = with_rank(read_capture(OWN / "h200" / "shm_nsys" / "cap_0.sqlite.gz", keep_correlation=False), 0)
     seen: list[int] = []
