@@ -2,8 +2,9 @@
 
 Each extension is optional: without a C compiler or SQLite's header (Debian: libsqlite3-dev) the
 package still installs, the nsys reader uses ADBC for integer columns too (slower; see
-``traceguard/ingest/_int_scan.c``), and the metrics' and the report's loops run in NumPy and
-Python (``traceguard/metrics/_breakdown.c``, ``traceguard/report/_rows.c``).
+``traceguard/ingest/_int_scan.c``), and the launch join's search, the metrics' and the report's
+loops run in NumPy and Python (``traceguard/_keys.c``, ``traceguard/metrics/_breakdown.c``,
+``traceguard/report/_rows.c``).
 """
 
 from setuptools import Extension, find_namespace_packages, setup
@@ -29,6 +30,8 @@ setup(
             libraries=["sqlite3"],
             optional=True,
         ),
+        # The launch join's key search (traceguard/model.py keeps the NumPy one).
+        Extension("traceguard._keys", sources=["traceguard/_keys.c"], optional=True),
         # The step breakdown's one-pass loop (traceguard/metrics/breakdown.py keeps the NumPy one).
         Extension("traceguard.metrics._breakdown", sources=["traceguard/metrics/_breakdown.c"], optional=True),
         # The report's loops over per-step rows (traceguard/report/rows.py keeps the Python ones).
