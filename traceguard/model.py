@@ -549,8 +549,9 @@ def lower_bounds(sorted_keys: np.ndarray, keys: np.ndarray, shift: int | None = 
     """Per key, ``np.searchsorted(sorted_keys, keys, side="left")`` clipped to the last sorted
     key, and whether the key is there (``sorted_keys`` not empty; ``shift``: the bit where a
     packed key's process starts, :class:`KeyPacking`). In C where built (``_keys.c``: each key
-    searched from its process's last answer, galloping: 5-10 ms a million ops of the per-op NVTX
-    shape against ~60 ms); else :func:`_search_runs` and a gather."""
+    searched from its process's last answer, galloping: 2.9 ms a block of the per-op NVTX shape,
+    0.9 M ops of two processes over 4 M calls, against 53.6 ms); else :func:`_search_runs` and a
+    gather."""
     if _native_keys is not None:
         sorted_keys = np.ascontiguousarray(sorted_keys, dtype=np.int64)
         keys = np.ascontiguousarray(keys, dtype=np.int64)
