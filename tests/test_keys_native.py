@@ -80,6 +80,14 @@ def test_c_search_refuses_mismatched_buffers() -> None:
         model._native_keys.lower_bounds(sorted_keys, keys, 6, np.empty(2, np.int64), np.empty(3, np.uint8))
     with pytest.raises(ValueError, match="lower_bounds"):
         model._native_keys.lower_bounds(sorted_keys, keys, 63, np.empty(3, np.int64), np.empty(3, np.uint8))
+    outputs = (np.empty(3, np.int64), np.empty(3, np.uint8))
+    with pytest.raises(ValueError, match="lower_bounds"):  # float keys of the right byte length
+        model._native_keys.lower_bounds(sorted_keys.astype(float), keys, 6, *outputs)
+    with pytest.raises(ValueError, match="lower_bounds"):  # bytes standing for int64 keys
+        model._native_keys.lower_bounds(sorted_keys.view(np.uint8), keys, 6, *outputs)
+    at, hit = np.empty(3, np.int64), np.empty(3, np.bool_)
+    model._native_keys.lower_bounds(sorted_keys, keys, 6, at, hit.view(np.uint8))
+    assert at.tolist() == [0, 1, 2] and hit.all()
 
 
 @pytest.mark.parametrize("seed", range(4))

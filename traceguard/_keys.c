@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Processes remembered at once; a further one takes the slot of its hash (answers stay exact). */
 #define SLOTS 64
@@ -56,8 +57,19 @@ static Py_ssize_t gallop(const int64_t *s, Py_ssize_t m, Py_ssize_t p, int64_t k
     return lo;
 }
 
-static int get(PyObject *obj, Py_buffer *view, int writable) {
-    return PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0));
+/* A C-contiguous buffer of `itemsize`-byte items (a float64 or uint8 array of the right byte
+   length would otherwise be read as int64). */
+static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    int integer = f[0] != '\0' && f[1] == '\0' && strchr(itemsize == 8 ? "qlQL" : "bB?", f[0]) != NULL;
+    if (view->itemsize != itemsize || !integer) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "lower_bounds: int64 keys and outputs, a uint8 hit output");
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *lower_bounds(PyObject *module, PyObject *args) {
@@ -66,17 +78,17 @@ static PyObject *lower_bounds(PyObject *module, PyObject *args) {
     (void)module;
     if (!PyArg_ParseTuple(args, "OOiOO", &sorted_obj, &keys_obj, &shift, &at_obj, &hit_obj)) return NULL;
     Py_buffer sorted, keys, at, hit;
-    if (get(sorted_obj, &sorted, 0) < 0) return NULL;
-    if (get(keys_obj, &keys, 0) < 0) {
+    if (get(sorted_obj, &sorted, 0, 8) < 0) return NULL;
+    if (get(keys_obj, &keys, 0, 8) < 0) {
         PyBuffer_Release(&sorted);
         return NULL;
     }
-    if (get(at_obj, &at, 1) < 0) {
+    if (get(at_obj, &at, 1, 8) < 0) {
         PyBuffer_Release(&sorted);
         PyBuffer_Release(&keys);
         return NULL;
     }
-    if (get(hit_obj, &hit, 1) < 0) {
+    if (get(hit_obj, &hit, 1, 1) < 0) {
         PyBuffer_Release(&sorted);
         PyBuffer_Release(&keys);
         PyBuffer_Release(&at);
