@@ -141,6 +141,29 @@ def test_ranges_and_filters_on_a_deep_tree_are_sqlite_s(deep: Path, cuts: list[i
     assert read.equals(_sqlite(deep, "t", ["rowid", "a", "b", "c"], rows))
 
 
+@pytest.mark.parametrize(
+    "spans",
+    [
+        ((0, 1 << 40),),  # far more rowids than rows: the columns start at the 4 M-row hint
+        ((950_000, 2_000_000),),  # past the last row: no rows, the hinted columns given back
+        ((0, 70_000), (70_000, 140_001)),  # over FIRST_ROWS (65,536) in two ranges, nulls in b
+    ],
+)
+def test_a_ranged_read_sized_from_its_ranges_is_sqlite_s(deep: Path, spans: tuple[tuple[int, int], ...]) -> None:
+    """A rowid-ranged read without a filter starts its columns at the rows its ranges can hold
+    (at most 4 M), not at 65,536 doubled: the rows, nulls and types are SQLite's all the same."""
+    rows = Rows(spans)
+    reader = _reader(deep)
+    try:
+        read = _read(reader, "t", ["rowid", "a", "b", "c"], rows)
+    finally:
+        reader.close()
+    assert read is not None
+    expected = _sqlite(deep, "t", ["rowid", "a", "b", "c"], rows)
+    assert read.equals(expected)
+    assert read.height == expected.height
+
+
 def _made(tmp_path: Path, *statements: str) -> Path:
     db = tmp_path / "made.sqlite"
     conn = sqlite3.connect(db)

@@ -66,6 +66,11 @@
 
 #define MAX_COLUMNS 64
 #define FIRST_ROWS 65536
+/* A rowid-ranged table() read starts its columns at the ranges' size (rows it can keep at most),
+   up to this many rows, instead of doubling from FIRST_ROWS: each doubling under glibc's mmap
+   threshold copied the column into fresh pages (scan_grow). Pages never written are never
+   touched, and result_of gives back what the read did not fill. */
+#define HINT_ROWS_MAX ((Py_ssize_t)1 << 22)
 
 static PyObject *ScanError;
 /* Whether the read-ahead VFS below is registered (else the default VFS reads). */
@@ -255,6 +260,7 @@ typedef struct {
     int columns;
     Py_ssize_t rows;
     Py_ssize_t capacity;
+    Py_ssize_t first_capacity; /* rows the first allocation holds (0: FIRST_ROWS); a multiple of 8 */
     int out_of_memory;
     char *error; /* malloc'd message */
 } Scan;
@@ -284,7 +290,7 @@ static void scan_fail(Scan *s, sqlite3 *db, const char *what) {
 }
 
 static int scan_grow(Scan *s) {
-    Py_ssize_t capacity = s->capacity ? s->capacity * 2 : FIRST_ROWS;
+    Py_ssize_t capacity = s->capacity ? s->capacity * 2 : s->first_capacity > 0 ? s->first_capacity : FIRST_ROWS;
     for (int i = 0; i < s->columns; i++) {
         int offsets = s->kinds[i] != 'i';
         int64_t *values = realloc(s->values[i], (size_t)(capacity + offsets) * sizeof(int64_t));
@@ -471,6 +477,10 @@ static PyObject *bytes_column(Scan *s, int i) {
         if (offsets == NULL) return PyErr_NoMemory();
     }
     s->values[i] = NULL;
+    if (s->rows < s->capacity) { /* what the read did not fill (a hinted capacity: HINT_ROWS_MAX) */
+        int64_t *shrunk = realloc(offsets, (size_t)(s->rows + 1) * sizeof(int64_t));
+        if (shrunk != NULL) offsets = shrunk;
+    }
     PyObject *offsets_block = block_new(offsets, (Py_ssize_t)((size_t)(s->rows + 1) * sizeof(int64_t)));
     if (offsets_block == NULL) return NULL;
     char *data = s->bytes[i];
@@ -526,8 +536,8 @@ static PyObject *result_of(Scan *s, char **names) {
             PyErr_NoMemory();
             goto fail;
         }
-        if (s->rows > 0 && s->rows < s->capacity) {
-            int64_t *shrunk = realloc(values, bytes);
+        if (s->rows < s->capacity) {
+            int64_t *shrunk = realloc(values, bytes ? bytes : sizeof(int64_t));
             if (shrunk != NULL) values = shrunk;
         }
         s->values[i] = NULL;
@@ -1070,6 +1080,16 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
                 goto done;
             }
         }
+        /* Rows the ranges hold, at most HINT_ROWS_MAX: the rows read, where none is filtered
+           out or skipped (a filtered read, such as the launch rows of an API table, may keep
+           a fraction of them: it grows as it goes). */
+        Py_ssize_t most = 0;
+        for (Py_ssize_t r = 0; filter_column < 0 && skip_column < 0 && r < n_ranges && most < HINT_ROWS_MAX; r++) {
+            int64_t lo = ranges[2 * r], hi = ranges[2 * r + 1];
+            if (hi > lo) most += hi - lo > (int64_t)HINT_ROWS_MAX ? HINT_ROWS_MAX : (Py_ssize_t)(hi - lo);
+        }
+        if (most > HINT_ROWS_MAX) most = HINT_ROWS_MAX;
+        s.first_capacity = (most + 7) & ~(Py_ssize_t)7;
     }
     if (filter_column >= 0) {
         PyObject *seq = PySequence_Fast(filter_obj, "filter_values must be a sequence");
