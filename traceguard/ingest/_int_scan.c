@@ -66,10 +66,10 @@
 
 #define MAX_COLUMNS 64
 #define FIRST_ROWS 65536
-/* A rowid-ranged table() read starts its columns at the ranges' size (rows it can keep at most),
-   up to this many rows, instead of doubling from FIRST_ROWS: each doubling under glibc's mmap
-   threshold copied the column into fresh pages (scan_grow). Pages never written are never
-   touched, and result_of gives back what the read did not fill. */
+/* A rowid-ranged table() read that neither filters nor skips rows starts its columns at the
+   ranges' size (the rows it reads), up to this many rows, instead of doubling from FIRST_ROWS:
+   each doubling under glibc's mmap threshold copied the column into fresh pages (scan_grow).
+   Pages never written are never touched, and result_of gives back what the read did not fill. */
 #define HINT_ROWS_MAX ((Py_ssize_t)1 << 22)
 
 static PyObject *ScanError;
