@@ -136,8 +136,8 @@ RANGES_SCHEMA: dict[str, pl.DataType] = {
     "payload_peer": pl.Int32(),
 }
 
-#: NVTX ranges counted but not kept, per thread: PyTorch's per-op ``aten::`` ranges
-#: (:data:`traceguard.ingest.nsys_sqlite.OP_RANGE_PREFIX`; docs/steps.md, "Per-op ranges").
+#: NVTX ranges counted but not kept, per thread: PyTorch's per-op ranges, ``aten::`` and other
+#: operators' (:data:`traceguard.ingest.nsys_sqlite.OP_RANGE_PREFIX`; docs/steps.md, "Per-op ranges").
 FOLDED_RANGES_SCHEMA: dict[str, pl.DataType] = {"pid": pl.Int32(), "tid": pl.Int32(), "ranges": pl.Int64()}
 
 #: GPUs the capture describes (a rank's nsys file lists every GPU of its node).

@@ -73,8 +73,8 @@ def test_every_string_column_not_utf8_is_analysed(export: Path, variant: str, tm
     # The reader: every event is still read; every text value of every frame is UTF-8.
     before, after = read_capture(plain), read_capture(damaged)
     assert after.gpu_ops.height == before.gpu_ops.height
-    # Ranges kept or folded (per-op ``aten::`` ones are counted, not kept; a damaged text no
-    # longer starts so and is kept): every one is still there.
+    # Ranges kept or folded (per-op ones, ``aten::...``, are counted, not kept; a damaged text no
+    # longer reads so and is kept): every one is still there.
     assert _ranges_seen(after) == _ranges_seen(before)
     for frame in (after.strings, after.ranges, after.devices, after.processes):
         for column, dtype in frame.schema.items():

@@ -432,13 +432,16 @@ def _sql_skipped(reader: nsys_sqlite._Reader, table: str, rows: Rows) -> list[tu
     return found
 
 
+@pytest.mark.parametrize("operators", [False, True], ids=["aten", "operators"])
 @pytest.mark.parametrize("path", CAPTURES, ids=[f"{p.parent.name}/{p.name}"[-60:] for p in CAPTURES])
-def test_folded_per_op_ranges_are_sqlite_s(path: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ranges the nsys reader keeps (those not starting ``aten::``) are SQLite's rows under
-    :meth:`Rows.where`'s ``NOT (...)``, and the ones it folds are counted per thread as SQLite
-    counts them (nsys-ai's fixtures hold 95 % per-op ranges; the others, none), by the b-tree
-    reader and by ``bulk`` (which reads through SQLite where the b-tree reader gives way). A
-    capture without NVTX text folds nothing."""
+def test_folded_per_op_ranges_are_sqlite_s(
+    path: Path, operators: bool, unpacked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranges the nsys reader keeps (those not starting ``aten::``; with ``operators``, nor
+    in another operator's form either) are SQLite's rows under :meth:`Rows.where`'s ``NOT (...)``,
+    and the ones it folds are counted per thread as SQLite counts them (nsys-ai's fixtures hold
+    95 % per-op ranges; the others, none), by the b-tree reader and by ``bulk`` (which reads
+    through SQLite where the b-tree reader gives way). A capture without NVTX text folds nothing."""
     db = unpacked(path)
     reader = _reader(db)
     try:
@@ -448,10 +451,12 @@ def test_folded_per_op_ranges_are_sqlite_s(path: Path, unpacked, monkeypatch: py
             return
         spec = [("start", "start", "int"), ("global_tid", "globalTid", "int"), ("text", "text", "text")]
         for by in ("globalTid", None):
-            rows = Rows(column="eventType", values=(59, 60, 75), skip=Skip("text", nsys_sqlite.OP_RANGE_PREFIX, by))
+            skip = Skip("text", nsys_sqlite.OP_RANGE_PREFIX, by, operators=operators)
+            rows = Rows(column="eventType", values=(59, 60, 75), skip=skip)
             expected = _sql_spec(reader, nsys_sqlite.NVTX, spec, rows)
             counted = sorted(_sql_skipped(reader, nsys_sqlite.NVTX, rows), key=str)
             assert not expected["text"].str.starts_with("aten::").any()
+            assert not operators or not expected["text"].str.contains(", seq = ", literal=True).any()
             skipped: list[tuple[int | None, int]] = []
             read = reader._table_read(nsys_sqlite.NVTX, spec, rows, skipped)
             if read is not None:
@@ -512,6 +517,73 @@ def test_folding_counts_nulls_gives_way_where_it_cannot_tell(tmp_path: Path) -> 
         Skip("s", "it's")
 
 
+def test_operator_forms_are_folded_as_sqlite_folds_them(tmp_path: Path) -> None:
+    """``Skip(operators=True)``: the texts ``emit_nvtx`` writes for operators and autograd nodes
+    are folded (a ``, seq = `` anywhere; a lowercase namespace then ``::`` with an ``, op_id = ``),
+    scopes and annotations are kept (an uppercase or dotted namespace, c10d's single-colon
+    ``nccl:``, a namespace without ``emit_nvtx``'s op id, an empty one), by the C reader as by
+    SQLite. A kept text continued on an overflow page, where a marker may lie, gives way to
+    SQLite; one whose marker is on its own page is folded there."""
+    texts = {
+        "c10d::alltoall_base_, op_id = 7": True,
+        "flash_attn::_flash_attn_forward, op_id = 8": True,
+        "FlashAttnFunc, seq = 3, op_id = 9": True,
+        "autograd::engine::evaluate_function: MmBackward0, seq = 4, op_id = 10": True,
+        "_c10d_functional::all_reduce, op_id = 11, sizes = [[8]]": True,
+        "aten::mm": True,
+        "FSDP::pre_forward (blocks.3), op_id = 12": False,
+        "nccl:all_to_all, op_id = 13": False,
+        "record_param_comms, op_id = 14": False,
+        "ProfilerStep#3, op_id = 15": False,
+        "c10d::alltoall_base_": False,
+        "::x, op_id = 16": False,
+        "a.b::c, op_id = 17": False,
+        "nccl:x::y, op_id = 18": False,
+        "forward": False,
+    }
+    db = _made(tmp_path, "CREATE TABLE t (a INTEGER, k INTEGER, s TEXT)")
+    conn = sqlite3.connect(db)
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, i % 2, text) for i, text in enumerate(texts)])
+    conn.execute("INSERT INTO t VALUES (100, 0, NULL), (101, 1, X'2c20736571203d20')")  # NULL; a blob: kept
+    conn.commit()
+    conn.close()
+    spec = [("a", "a", "int"), ("s", "s", "text")]
+    rows = Rows(skip=Skip("s", "aten::", "k", operators=True))
+    reader = _reader(db)
+    try:
+        skipped: list[tuple[int | None, int]] = []
+        read = reader._table_read("t", spec, rows, skipped)
+        assert read is not None and read.equals(_sql_spec(reader, "t", spec, rows))
+        kept = [text for text, folded in texts.items() if not folded]
+        assert read["s"].to_list() == [*kept, "", ", seq = "]
+        assert sorted(skipped) == sorted(_sql_skipped(reader, "t", rows)) == [(0, 3), (1, 3)]
+    finally:
+        reader.close()
+    long_kept, long_folded = "scope " + "x" * 9000 + ", seq = 1", "c10d::x, op_id = 1, sizes = " + "9" * 9000
+    (tmp_path / "spilled").mkdir()
+    spilled = _made(tmp_path / "spilled", "CREATE TABLE t (a INTEGER, s TEXT)")
+    conn = sqlite3.connect(spilled)
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, long_folded), (2, "forward")])
+    conn.commit()
+    conn.close()
+    reader = _reader(spilled)
+    try:
+        rows = Rows(skip=Skip("s", "aten::", operators=True))
+        everything: list[tuple[int | None, int]] = []
+        read = reader._table_read("t", [("a", "a", "int")], rows, everything)
+        assert read is not None and read["a"].to_list() == [2] and everything == [(None, 1)]
+        conn = sqlite3.connect(spilled)
+        conn.execute("INSERT INTO t VALUES (3, ?)", (long_kept,))  # its ", seq = " past the first page
+        conn.commit()
+        conn.close()
+        assert reader._table_read("t", [("a", "a", "int")], rows, []) is None
+        through_sqlite: list[tuple[int | None, int]] = []
+        assert reader.bulk("t", [("a", "a", "int")], rows, through_sqlite)["a"].to_list() == [2]
+        assert through_sqlite == [(None, 2)]
+    finally:
+        reader.close()
+
+
 @pytest.fixture(scope="module")
 def per_op_capture() -> bytes:
     """nsys-ai's public per-op capture (18,088 ``aten::`` ranges of 19,118), to damage."""
@@ -532,7 +604,8 @@ def test_a_damaged_per_op_table_never_crashes_the_folding_nor_folds_what_sqlite_
     rows and counts; when SQLite also reads the table, both are SQLite's."""
     db = _damaged(per_op_capture, nsys_sqlite.NVTX, hits, run, tmp_path_factory.mktemp("damaged") / "cap.sqlite")
     spec = [("start", "start", "int"), ("text", "text", "text")]
-    rows = Rows(column="eventType", values=(59, 60), skip=Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid"))
+    skip = Skip("text", nsys_sqlite.OP_RANGE_PREFIX, "globalTid", operators=True)
+    rows = Rows(column="eventType", values=(59, 60), skip=skip)
     try:
         reader = _reader(db)
     except Exception:  # the damage reached what opening checks: nothing for the b-tree reader to read

@@ -7,6 +7,7 @@ output, so the reader and the test cannot share a mistake.
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import sqlite3
 import struct
@@ -57,6 +58,16 @@ COPY_CODES_2022 = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP"}
 
 PROGRAM = ("python3", "-c", "print(1)")
 IDS = [p.name.split("__")[-1].removesuffix(".sqlite.gz") for p in PUBLIC_NSYS]
+
+
+def emit_nvtx_per_op(text: object) -> bool:
+    """Whether an NVTX text is one ``emit_nvtx`` writes for an operator or autograd node
+    (docs/steps.md, "Per-op ranges"), by a regex rather than the readers' byte tests."""
+    return isinstance(text, str) and (
+        text.startswith("aten::")
+        or ", seq = " in text
+        or (", op_id = " in text and re.match(r"[a-z0-9_]+::", text) is not None)
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -151,8 +162,10 @@ def test_counts_match_sql(gz: Path, unpacked) -> None:
     assert cap.api_calls.height == truth.scalar(
         "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_RUNTIME"
     ) + truth.scalar("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_DRIVER", "CUPTI_ACTIVITY_KIND_DRIVER")
-    # PyTorch's per-op ranges (``aten::...``) are counted per thread, not kept (nsys_sqlite.OP_RANGE_PREFIX).
-    op_range = "typeof(text) = 'text' AND substr(text, 1, 6) = 'aten::'"
+    # PyTorch's per-op ranges (``aten::...`` and other operators') are counted per thread, not kept
+    # (nsys_sqlite.OP_RANGE_PREFIX, rows.Skip's ``operators``); told here by a regex of their own.
+    truth.conn.create_function("per_op", 1, emit_nvtx_per_op, deterministic=True)
+    op_range = "per_op(text)"
     ranges = "FROM NVTX_EVENTS WHERE eventType IN (59, 60)"
     assert cap.ranges.height == truth.scalar(
         f"SELECT count(*) {ranges} AND end IS NOT NULL AND NOT ({op_range})", "NVTX_EVENTS"
@@ -277,12 +290,10 @@ def test_nccl_domain_without_creation_row_is_named_from_its_payload_schemas(unpa
     nccl_domains = conn.execute(
         "SELECT DISTINCT domainId FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name = 'NCCL communicator ID'"
     ).fetchall()
-    # Less PyTorch's per-op ranges (``aten::``), which are counted, not kept.
+    # Less PyTorch's per-op ranges (``aten::`` and other operators'), which are counted, not kept.
+    conn.create_function("per_op", 1, emit_nvtx_per_op, deterministic=True)
     by_domain = dict(
-        conn.execute(
-            "SELECT domainId, COUNT(*) FROM NVTX_EVENTS WHERE NOT (typeof(text) = 'text' AND "
-            "substr(text, 1, 6) = 'aten::') GROUP BY domainId"
-        ).fetchall()
+        conn.execute("SELECT domainId, COUNT(*) FROM NVTX_EVENTS WHERE NOT per_op(text) GROUP BY domainId").fetchall()
     )
     conn.close()
     assert created == 0 and nccl_domains == [(1,)]
@@ -328,8 +339,8 @@ def test_payload_message_size_decoded(unpacked, tmp_path: Path) -> None:
     assert domain_1.height == 462
     assert domain_1["payload_bytes"].to_list() == [123456789] * 462
     assert (
-        ranges.filter(pl.col("domain").is_null())["payload_bytes"].null_count() == 18656 - 18088
-    )  # less the per-op ranges
+        ranges.filter(pl.col("domain").is_null())["payload_bytes"].null_count() == 18656 - 18088 - 334
+    )  # less the per-op ranges: 18,088 aten:: and 334 of other operators (c10d::, FlashAttnFunc, seq = ...)
 
 
 def test_payloads_decoded_only_where_a_range_has_a_blob(unpacked, tmp_path: Path) -> None:
@@ -556,26 +567,32 @@ def test_type_drift_inside_a_column(unpacked, tmp_path: Path) -> None:
 
 def test_per_op_ranges_are_counted_in_each_rank_s_health(unpacked) -> None:
     """nsys-ai's mfu capture (two ranks in one file, ``emit_nvtx``): each rank's ``ranges`` counts
-    the ranges it keeps and its per-op ``aten::`` ones (``folded_op_ranges``), as SQL counts them
-    per process; the kept ones hold no per-op range."""
+    the ranges it keeps and its per-op ones (``folded_op_ranges``: ``aten::`` and other
+    operators' and autograd nodes'), counted here per process from the texts themselves; the
+    kept ones hold no per-op range, and do hold the scopes (``FSDP::pre_forward (...)``,
+    ``record_param_comms``) and c10d's ``nccl:`` annotations."""
     from traceguard.ingest import gpu_processes, split_by_process, with_rank
     from traceguard.metrics.rank import analyse_rank
 
     db = unpacked(public_nsys("mfu_2gpu_before"))
     capture = read_nsys_sqlite(db, launches_only=True, keep_correlation=False)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    per_pid = dict(
-        conn.execute(
-            "SELECT (globalTid >> 24) & 16777215, SUM(typeof(text) = 'text' AND substr(text, 1, 6) = 'aten::') "
-            "FROM NVTX_EVENTS WHERE eventType IN (59, 60) GROUP BY 1"
-        ).fetchall()
-    )
-    outside_default = conn.execute(
-        "SELECT count(*) FROM NVTX_EVENTS WHERE substr(text, 1, 6) = 'aten::' AND IFNULL(domainId, 0) != 0"
-    ).fetchone()[0]
+    per_pid: dict[int, int] = {}
+    outside_default = 0
+    for pid, text, domain in conn.execute(
+        "SELECT (globalTid >> 24) & 16777215, text, domainId FROM NVTX_EVENTS WHERE eventType IN (59, 60)"
+    ):
+        per_pid[pid] = per_pid.get(pid, 0) + emit_nvtx_per_op(text)
+        outside_default += emit_nvtx_per_op(text) and (domain or 0) != 0
     conn.close()
     assert outside_default == 0
-    assert not capture.ranges["name"].str.starts_with("aten::").any()
+    assert sum(per_pid.values()) == 18088 + 334
+    names = capture.ranges["name"]
+    assert not names.str.starts_with("aten::").any() and not names.str.contains(", seq = ", literal=True).any()
+    assert not names.str.contains(r"^[a-z0-9_]+::.*, op_id = ").any()
+    assert names.str.starts_with("FSDP::").sum() == 68  # scopes (pre_/post_forward), not operators: kept
+    annotations = names.str.starts_with("nccl:all_to_all, op_id = ").sum()
+    assert annotations == names.str.starts_with("record_param_comms").sum() == 66
     pids = gpu_processes(capture)
     assert len(pids) == 2
     for rank, part in split_by_process(capture, pids, 0):

@@ -666,6 +666,7 @@ typedef struct {
     /* Rows whose skip_column holds text starting with skip_prefix are not stored but counted, per
        value of count_column (-1: in all): table()'s folding of per-op NVTX ranges. */
     int skip_column; const uint8_t *skip_prefix; Py_ssize_t skip_len; int count_column;
+    int skip_operators; /* 1: also the other texts PyTorch writes for an operator (tree_operator_text) */
     int64_t skip_keys[MAX_SKIP_KEYS], skip_counts[MAX_SKIP_KEYS];
     int n_skip_keys, last_skip_key;
     int64_t skip_null; /* skipped rows whose count_column is NULL (or all of them: no count_column) */
@@ -770,6 +771,25 @@ static int tree_in_filter(const Tree *t, int64_t v) {
    spilling to overflow pages is read when every value needed lies in the cell's own part. */
 #define VALUE_SIZE(type) ((type) <= 4 ? (type) : (type) == 5 ? 6 : (type) <= 7 ? 8 : (type) <= 9 ? 0 : ((type) - 12) / 2)
 #define IS_INT(type) ((type) <= 6 || (type) == 8 || (type) == 9)
+/* Whether text (len bytes, of which the first local are at hand) is in a form PyTorch's
+   emit_nvtx writes for an operator or an autograd node and no user range takes (rows.py, Skip):
+   it holds ", seq = " (an autograd sequence number: record_function scopes have none), or it
+   holds ", op_id = " and starts with an operator namespace, lowercase letters, digits and '_'
+   then "::" (aten::, c10d::, flash_attn::; FSDP::pre_forward is a scope). 1, 0, or -1 when the
+   text, not folded by what its local bytes hold, continues on an overflow page (SQLite reads it). */
+static int tree_operator_text(const uint8_t *text, uint64_t len, uint64_t local) {
+    static const char seq[] = ", seq = ", op_id[] = ", op_id = ";
+    uint64_t at = local < len ? local : len;
+    if (memmem(text, at, seq, sizeof seq - 1) != NULL) return 1;
+    int has_op_id = memmem(text, at, op_id, sizeof op_id - 1) != NULL;
+    uint64_t n = 0;
+    while (n < at && ((text[n] >= 'a' && text[n] <= 'z') || (text[n] >= '0' && text[n] <= '9') || text[n] == '_'))
+        n++;
+    int namespaced = n > 0 && n + 2 <= at && text[n] == ':' && text[n + 1] == ':';
+    if (has_op_id && namespaced) return 1;
+    return at == len ? 0 : -1; /* a marker may still follow past the local bytes */
+}
+
 /* Whether the row whose header was parsed as far as t->decided_by is kept: 1, or 0 when the
    filter leaves it out or the prefix folds it (counted), or -1 to give up (unsupported). */
 static int tree_decide(Tree *t, const uint8_t *record, uint64_t local, const uint64_t *types,
@@ -788,12 +808,26 @@ static int tree_decide(Tree *t, const uint8_t *record, uint64_t local, const uin
     if (t->skip_column >= 0) {
         int c = t->skip_column;
         uint64_t st = c < reached ? types[c] : 0;
+        int folded = 0;
         if (st >= 13 && (st & 1) && (st - 12) / 2 >= (uint64_t)t->skip_len) { /* text as long as the prefix */
             if (offsets[c] + (uint64_t)t->skip_len > local) {
                 t->unsupported = 1; /* the prefix itself on an overflow page */
                 return -1;
             }
-            if (memcmp(record + offsets[c], t->skip_prefix, (size_t)t->skip_len) == 0) {
+            folded = memcmp(record + offsets[c], t->skip_prefix, (size_t)t->skip_len) == 0;
+        }
+        if (!folded && t->skip_operators && st >= 13 && (st & 1)) {
+            uint64_t len = (st - 13) / 2;
+            uint64_t here = offsets[c] < local ? local - offsets[c] : 0;
+            int form = tree_operator_text(record + offsets[c], len, here);
+            if (form < 0) {
+                t->unsupported = 1;
+                return -1;
+            }
+            folded = form;
+        }
+        {
+            if (folded) {
                 int k = t->count_column;
                 if (k < 0 || k >= reached || types[k] == 0) {
                     t->skip_null++;
@@ -1012,9 +1046,10 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     int skip_column = -1, count_column = -1;
     const char *skip_prefix = "";
     Py_ssize_t skip_len = 0;
-    if (!PyArg_ParseTuple(args, "sLOOOiO|s#iy#i", &path, &root, &columns_obj, &names_obj, &ranges_obj,
+    int skip_operators = 0;
+    if (!PyArg_ParseTuple(args, "sLOOOiO|s#iy#ip", &path, &root, &columns_obj, &names_obj, &ranges_obj,
                           &filter_column, &filter_obj, &kinds, &n_kinds, &skip_column, &skip_prefix, &skip_len,
-                          &count_column))
+                          &count_column, &skip_operators))
         return NULL;
     PyObject *columns_seq = PySequence_Fast(columns_obj, "columns must be a sequence");
     if (columns_seq == NULL) return NULL;
@@ -1142,6 +1177,7 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     t.skip_column = skip_column;
     t.skip_prefix = (const uint8_t *)skip_prefix;
     t.skip_len = skip_len;
+    t.skip_operators = skip_column >= 0 && skip_operators;
     t.count_column = skip_column >= 0 ? count_column : -1;
     if (skip_column >= 0) t.read_here[skip_column] = 1;
     if (t.count_column >= 0) t.read_here[t.count_column] = 1;
@@ -1237,7 +1273,7 @@ static PyMethodDef methods[] = {
      "validity | None)], rows)"},
     {"table", table_scan, METH_VARARGS,
      "table(path, root, columns, names, ranges, filter_column, filter_values, kinds='', skip_column=-1, "
-     "skip_prefix=b'', count_column=-1) -> (names, [(data, validity | None)], rows[, skipped]) | None"},
+     "skip_prefix=b'', count_column=-1, skip_operators=False) -> (names, [(data, validity | None)], rows[, skipped]) | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -90,7 +90,9 @@ NVTX_DOMAIN_CREATE = 75
 #: and NeMo's nsys modes: ``aten::addmm, seq = 12, op_id = 34``, one range per ATen operator
 #: call, 95 % of such a capture's ranges). No metric reads them as rows, so they are counted per
 #: thread and not kept (docs/steps.md, "Per-op ranges"): 48 M of them took 10.9 s and 3 GB to
-#: read as strings, their count alone takes the b-tree walk.
+#: read as strings, their count alone takes the b-tree walk. The same is done with the ranges
+#: ``emit_nvtx`` opens for other operators and autograd nodes (:class:`~.rows.Skip`'s
+#: ``operators``: ``c10d::alltoall_base_, op_id = 7``, ``FlashAttnFunc, seq = 3, op_id = 8``).
 OP_RANGE_PREFIX = "aten::"
 
 #: Synthetic names for copies and sets (nsys records no name for them). Negative ids cannot
@@ -481,12 +483,17 @@ class _Reader:
         ranges = None if rows.ranges is None else [int(v) for span in rows.ranges for v in span]
         if ranges is not None and any(b < a for a, b in itertools.pairwise(ranges)):
             return None  # not in order (the C reader walks the ranges as the rowids rise)
-        skip: tuple[int, bytes, int] | tuple[()] = ()
+        skip: tuple[int, bytes, int, bool] | tuple[()] = ()
         if rows.skip is not None:
             by = rows.skip.count_by
             if positions.get(rows.skip.column, -1) < 0 or (by is not None and positions.get(by, -1) < 0):
                 return None
-            skip = (positions[rows.skip.column], rows.skip.prefix.encode(), -1 if by is None else positions[by])
+            skip = (
+                positions[rows.skip.column],
+                rows.skip.prefix.encode(),
+                -1 if by is None else positions[by],
+                rows.skip.operators,
+            )
         values = sorted(set(rows.values))
         read = _int_scan.table(str(self.db), root, wanted, names, ranges, filter_at, values, kinds, *skip)
         if read is None:
@@ -1268,8 +1275,9 @@ class _Reader:
     def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """One read of ``NVTX_EVENTS`` for both its uses (memoized): the push/pop and start/end
         ranges and the domain-create rows (``event`` says which), and the ranges folded instead,
-        counted per thread (:data:`model.FOLDED_RANGES_SCHEMA`): those whose own text starts with
-        :data:`OP_RANGE_PREFIX`, PyTorch's per-op ranges, never become rows. A per-op capture's
+        counted per thread (:data:`model.FOLDED_RANGES_SCHEMA`): PyTorch's per-op ranges (own
+        text starting with :data:`OP_RANGE_PREFIX`, or another operator's, :class:`~.rows.Skip`'s
+        ``operators``) never become rows. A per-op capture's
         table is most of its file: the domains' own scan through SQLite took 1.9 s of 48 M rows."""
         if self._nvtx is not None:
             return self._nvtx
@@ -1289,7 +1297,8 @@ class _Reader:
         peer_offsets = self.peer_offsets()
         if (offsets or peer_offsets) and "binaryData" in cols:
             spec.append(("payload", "binaryData", _BLOB))
-        skip = Skip("text", OP_RANGE_PREFIX, "globalTid" if "globalTid" in cols else None) if "text" in cols else None
+        thread = "globalTid" if "globalTid" in cols else None
+        skip = Skip("text", OP_RANGE_PREFIX, thread, operators=True) if "text" in cols else None
         skipped: list[tuple[int | None, int]] = []
         kinds = (NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE)
         frame = self.bulk(NVTX, spec, Rows(column="eventType", values=kinds, skip=skip), skipped)

@@ -16,15 +16,27 @@ def int_list(values: Sequence[int]) -> str:
 LOWEST_ROWID = -(1 << 63)
 
 
+#: What PyTorch's ``emit_nvtx`` appends to the name of a call with an autograd sequence number
+#: (an operator or an autograd node; never a ``record_function`` scope) and to every range it opens.
+SEQ_MARK = ", seq = "
+OP_ID_MARK = ", op_id = "
+
+
 @dataclass(frozen=True)
 class Skip:
     """Rows to leave out but count: those whose ``column`` is a text starting with ``prefix``
     (ASCII, so that SQLite's character ``substr`` is the C reader's byte compare), counted per
-    value of ``count_by`` (None: all together)."""
+    value of ``count_by`` (None: all together). ``operators``: also the texts ``emit_nvtx``
+    writes for an operator or autograd node whatever its namespace: those holding
+    :data:`SEQ_MARK`, and those holding :data:`OP_ID_MARK` that start with an operator
+    namespace (lowercase letters, digits and ``_``, then ``::``: ``c10d::alltoall_base_``,
+    ``flash_attn::_flash_attn_forward``; ``FSDP::pre_forward (...)`` is a scope and stays).
+    The C reader tests the same bytes (``_int_scan.c``, ``tree_operator_text``)."""
 
     column: str
     prefix: str
     count_by: str | None = None
+    operators: bool = False
 
     def __post_init__(self) -> None:
         if not self.prefix or not self.prefix.isascii() or "'" in self.prefix:
@@ -32,7 +44,15 @@ class Skip:
 
     def matches(self) -> str:
         """The SQL test of a skipped row."""
-        return f"typeof({self.column}) = 'text' AND substr({self.column}, 1, {len(self.prefix)}) = '{self.prefix}'"
+        column = self.column
+        prefixed = f"substr({column}, 1, {len(self.prefix)}) = '{self.prefix}'"
+        if self.operators:
+            namespace = f"substr({column}, 1, instr({column}, '::') - 1)"
+            prefixed = (
+                f"{prefixed} OR instr({column}, '{SEQ_MARK}') > 0 OR (instr({column}, '{OP_ID_MARK}') > 0"
+                f" AND instr({column}, '::') > 1 AND {namespace} NOT GLOB '*[^a-z0-9_]*')"
+            )
+        return f"typeof({column}) = 'text' AND ({prefixed})"
 
 
 @dataclass(frozen=True)
