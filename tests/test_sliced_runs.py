@@ -461,6 +461,51 @@ def test_the_sequence_read_beside_the_nvtx_table_gives_what_one_read_after_it_gi
         expected = mapreduce._kernel_sequences(source, 997, by_pid)
     assert sorted(got, key=str) == sorted(expected, key=str)
     assert len(got) == (2 if by_pid else 1)
-    for pid, frames in expected.items():
-        assert pl.concat(got[pid]).equals(pl.concat(frames))
-        assert "rank" not in frames[0].columns  # set by each rank's steps
+    for pid, pieces in expected.items():
+        whole = pl.concat([mapreduce._unpacked(piece) for piece in pieces])
+        assert pl.concat([mapreduce._unpacked(piece) for piece in got[pid]]).equals(whole)
+        assert "rank" not in whole.columns  # set by each rank's steps
+        # A process's pieces are held without its pid and device (one each here); both
+        # processes' together keep them.
+        held = {column for piece in pieces for column in piece.frame.columns}
+        assert ({"pid", "device"} & held) == (set() if by_pid else {"pid", "device"})
+        assert whole["pid"].n_unique() == (1 if by_pid else 2) and whole["device"].null_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("pids", "devices", "left_out"),
+    [
+        ([5, 5, 5], [1, 1, 1], {"pid", "device"}),  # one process on one device
+        ([5, 5, 5], [1, None, 1], {"pid"}),  # a device unknown for one op: kept
+        ([None, None, None], [None, None, None], {"pid", "device"}),  # all null: one value, null
+        ([5, 6, 5], [0, 1, 0], set()),  # two processes: nothing left out
+        ([], [], set()),  # an empty piece is held as it is
+    ],
+)
+def test_a_held_sequence_piece_gives_back_the_frame_it_was_given(
+    pids: list[int | None], devices: list[int | None], left_out: set[str]
+) -> None:
+    """A kernel sequence's piece is held without the columns that hold one value in it, and is
+    unpacked to the same frame, types and column order included."""
+    frame = pl.DataFrame(
+        {
+            "pid": pids,
+            "device": devices,
+            "kind": ["kernel"] * len(pids),
+            "start": list(range(len(pids))),
+            "end": list(range(1, len(pids) + 1)),
+            "name_id": [7] * len(pids),
+        },
+        schema={
+            "pid": pl.Int32,
+            "device": pl.Int32,
+            "kind": pl.Enum(["kernel", "memcpy"]),
+            "start": pl.Int64,
+            "end": pl.Int64,
+            "name_id": pl.Int32,
+        },
+    )
+    piece = mapreduce._packed(frame)
+    assert set(frame.columns) - set(piece.frame.columns) == left_out
+    back = mapreduce._unpacked(piece)
+    assert back.schema == frame.schema and back.equals(frame)
