@@ -2,7 +2,8 @@
 
 ``boundaries`` takes the marks of iterations that repeat the one before exactly in bulk, and
 ``_settle`` moves boundaries whose windows do not touch all at once; both must equal the plain
-loops (``_align`` per iteration, ``_settle_one_by_one``) on any sequence.
+loops (``_align`` per iteration, ``_settle_one_by_one``) on any sequence. ``_busiest_device``
+tells one device without a group-by: it must pick what the group-by picks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +83,23 @@ def test_settle_at_once_equals_one_by_one(spacing: list[int], seed: int) -> None
     end = start + rng.integers(1, 60, n)
     ended = np.maximum.accumulate(end)
     assert si._settle(marks, start, ended) == si._settle_one_by_one(marks, start, ended)
+
+
+def _busiest_by_group_by(kernels: pl.DataFrame) -> pl.DataFrame:
+    """``_busiest_device`` as first written: the device with most kernels (ties: the lowest, a
+    null last), by a group-by, whatever the column holds."""
+    counts = kernels.group_by("device").len().sort(["len", "device"], descending=[True, False], nulls_last=True)
+    device = counts["device"][0]
+    chosen = kernels.filter(pl.col("device").is_null() if device is None else pl.col("device") == device)
+    return chosen if chosen["start"].is_sorted() else chosen.sort("start")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 2)), min_size=1, max_size=40), st.booleans())
+def test_the_busiest_device_is_the_group_by_s(devices: list[int | None], shuffled: bool) -> None:
+    starts = list(range(len(devices)))
+    kernels = pl.DataFrame(
+        {"pid": [7] * len(devices), "device": devices, "start": starts[::-1] if shuffled else starts},
+        schema={"pid": pl.Int32, "device": pl.Int32, "start": pl.Int64},
+    )
+    assert si._busiest_device(kernels).equals(_busiest_by_group_by(kernels))
