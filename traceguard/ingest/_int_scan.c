@@ -826,37 +826,35 @@ static int tree_decide(Tree *t, const uint8_t *record, uint64_t local, const uin
             }
             folded = form;
         }
-        {
-            if (folded) {
-                int k = t->count_column;
-                if (k < 0 || k >= reached || types[k] == 0) {
-                    t->skip_null++;
-                    return 0;
-                }
-                if (!IS_INT(types[k]) || offsets[k] + VALUE_SIZE(types[k]) > local) {
-                    t->unsupported = 1;
-                    return -1;
-                }
-                uint64_t kt = types[k];
-                int64_t key = kt == 8 ? 0 : kt == 9 ? 1 : tree_int(record + offsets[k], (int)VALUE_SIZE(kt));
-                int at = t->last_skip_key; /* rows of one thread come in runs: try the last key first */
-                if (at >= t->n_skip_keys || t->skip_keys[at] != key) {
-                    for (at = 0; at < t->n_skip_keys && t->skip_keys[at] != key; at++) {
-                    }
-                    if (at == t->n_skip_keys) {
-                        if (at == MAX_SKIP_KEYS) {
-                            t->unsupported = 1;
-                            return -1;
-                        }
-                        t->skip_keys[at] = key;
-                        t->skip_counts[at] = 0;
-                        t->n_skip_keys++;
-                    }
-                    t->last_skip_key = at;
-                }
-                t->skip_counts[at]++;
+        if (folded) {
+            int k = t->count_column;
+            if (k < 0 || k >= reached || types[k] == 0) {
+                t->skip_null++;
                 return 0;
             }
+            if (!IS_INT(types[k]) || offsets[k] + VALUE_SIZE(types[k]) > local) {
+                t->unsupported = 1;
+                return -1;
+            }
+            uint64_t kt = types[k];
+            int64_t key = kt == 8 ? 0 : kt == 9 ? 1 : tree_int(record + offsets[k], (int)VALUE_SIZE(kt));
+            int at = t->last_skip_key; /* rows of one thread come in runs: try the last key first */
+            if (at >= t->n_skip_keys || t->skip_keys[at] != key) {
+                for (at = 0; at < t->n_skip_keys && t->skip_keys[at] != key; at++) {
+                }
+                if (at == t->n_skip_keys) {
+                    if (at == MAX_SKIP_KEYS) {
+                        t->unsupported = 1;
+                        return -1;
+                    }
+                    t->skip_keys[at] = key;
+                    t->skip_counts[at] = 0;
+                    t->n_skip_keys++;
+                }
+                t->last_skip_key = at;
+            }
+            t->skip_counts[at]++;
+            return 0;
         }
     }
     return 1;
