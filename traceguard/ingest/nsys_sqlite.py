@@ -1277,8 +1277,8 @@ class _Reader:
         ranges and the domain-create rows (``event`` says which), and the ranges folded instead,
         counted per thread (:data:`model.FOLDED_RANGES_SCHEMA`): PyTorch's per-op ranges (own
         text starting with :data:`OP_RANGE_PREFIX`, or another operator's, :class:`~.rows.Skip`'s
-        ``operators``) never become rows. A per-op capture's
-        table is most of its file: the domains' own scan through SQLite took 1.9 s of 48 M rows."""
+        ``operators``) never become rows. A per-op capture's table is most of its file: the
+        domains' own scan through SQLite took 1.9 s of 48 M rows."""
         if self._nvtx is not None:
             return self._nvtx
         folded = model.empty(model.FOLDED_RANGES_SCHEMA)

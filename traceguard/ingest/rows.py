@@ -16,9 +16,10 @@ def int_list(values: Sequence[int]) -> str:
 LOWEST_ROWID = -(1 << 63)
 
 
-#: What PyTorch's ``emit_nvtx`` appends to the name of a call with an autograd sequence number
-#: (an operator or an autograd node; never a ``record_function`` scope) and to every range it opens.
+#: What PyTorch's ``emit_nvtx`` appends to the name of a call with an autograd sequence number:
+#: an operator or an autograd node, never a ``record_function`` scope (``getNvtxStr``).
 SEQ_MARK = ", seq = "
+#: What ``emit_nvtx`` appends to every range it opens, scopes included.
 OP_ID_MARK = ", op_id = "
 
 

@@ -343,7 +343,7 @@ def boundaries(
 
 def _one_value(values: pl.Series) -> bool:
     """Whether ``values`` holds one value (all null counts as one), told without hashing them: a
-    group-by over a rank's 5 M kernels held 0.09 GB at the per-op NVTX shape's peak."""
+    group-by over a rank's 5 M kernels (the per-op NVTX shape) took 0.06 s and 0.09 GB more."""
     nulls = values.null_count()
     return nulls == values.len() or (nulls == 0 and values.min() == values.max())
 
