@@ -77,7 +77,7 @@ from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.ingest.nsys_sqlite import share_cores
 from traceguard.memory import fewer_collections, tune_heap
 from traceguard.metrics.rank import RankResult, analyse_rank
-from traceguard.model import GPU_OPS_SCHEMA, Capture, empty
+from traceguard.model import GPU_OPS_SCHEMA, Capture, empty, holds_one_value
 
 #: The environment variable naming a Dask scheduler when no ``--scheduler`` is given.
 SCHEDULER_ENV = "TRACEGUARD_DASK_SCHEDULER"
@@ -605,9 +605,8 @@ def _packed(frame: pl.DataFrame) -> _Packed:
     constants: dict[str, tuple[Any, pl.DataType]] = {}
     for column in _PACKED_COLUMNS:
         values = frame[column]
-        nulls = values.null_count()
         # A Python value, not a slice of the column: a slice would hold the whole column's buffer.
-        if frame.height and (nulls == frame.height or (nulls == 0 and values.min() == values.max())):
+        if frame.height and holds_one_value(values):
             constants[column] = (values[0], values.dtype)
     return _Packed(frame.drop(list(constants)), tuple(frame.columns), constants)
 

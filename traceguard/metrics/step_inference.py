@@ -43,6 +43,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.metrics.intervals import running_max
+from traceguard.model import holds_one_value
 
 #: Share of kernels that must equal the kernel one period later for a period to be accepted.
 MATCH_FLOOR = 0.75
@@ -341,18 +342,11 @@ def boundaries(
     return steps
 
 
-def _one_value(values: pl.Series) -> bool:
-    """Whether ``values`` holds one value (all null counts as one), told without hashing them: a
-    group-by over a rank's 5 M kernels (the per-op NVTX shape) took 0.06 s and 0.09 GB more."""
-    nulls = values.null_count()
-    return nulls == values.len() or (nulls == 0 and values.min() == values.max())
-
-
 def _busiest_device(kernels: pl.DataFrame) -> pl.DataFrame:
     # One device (a rank's usual case): the kernels as they are, not a filtered copy of them (10 M
     # kernels: 0.3 GB of fresh memory, whose first touch is most of the copy's cost on these VMs).
     chosen = kernels
-    if not _one_value(kernels["device"]):
+    if not holds_one_value(kernels["device"]):
         counts = kernels.group_by("device").len().sort(["len", "device"], descending=[True, False], nulls_last=True)
         device = counts["device"][0]
         chosen = kernels.filter(pl.col("device").is_null() if device is None else pl.col("device") == device)
@@ -390,7 +384,7 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
     periods: dict[int, Period] = {}
     pids = (
         kernels["pid"].drop_nulls().head(1).to_list()
-        if _one_value(kernels["pid"])
+        if holds_one_value(kernels["pid"])
         else kernels["pid"].unique().drop_nulls().sort().to_list()
     )
     alone = len(pids) == 1 and not kernels["pid"].null_count()
