@@ -457,9 +457,21 @@ def test_the_sequence_read_beside_the_nvtx_table_gives_what_one_read_after_it_gi
     with open_sliced(path) as source:
         early = mapreduce._SequenceRead(source, 997)
         early.read_while(iter([True, True, False]).__next__)  # two blocks now, the rest at the end
-        got = early.finish(by_pid)
+        got, others = early.finish(by_pid)
         expected = mapreduce._kernel_sequences(source, 997, by_pid)
+        ops = pl.concat(list(source.op_slices(997, launches=False)))
     assert sorted(got, key=str) == sorted(expected, key=str)
+    # The copies and sets beside them (pass 2's window, traceguard.metrics.sliced.known_window):
+    # by process, each process's in read order; not by process, none (the read starts again).
+    if by_pid:
+        assert others is not None and sorted(others) == sorted(expected)
+        moved = ops.filter(pl.col("kind") != "kernel").select("pid", "start", "end")
+        for pid, pieces in others.items():
+            held = pl.concat([mapreduce._unpacked(piece) for piece in pieces])
+            assert held.equals(moved.filter(pl.col("pid") == pid))
+        assert sum(len(pieces) for pieces in others.values()) > 2 and moved.height > 0
+    else:
+        assert others is None
     assert len(got) == (2 if by_pid else 1)
     for pid, pieces in expected.items():
         whole = pl.concat([mapreduce._unpacked(piece) for piece in pieces])
@@ -509,3 +521,87 @@ def test_a_held_sequence_piece_gives_back_the_frame_it_was_given(
     assert set(frame.columns) - set(piece.frame.columns) == left_out
     back = mapreduce._unpacked(piece)
     assert back.schema == frame.schema and back.equals(frame)
+
+
+def test_steps_from_the_kernel_sequence_feed_pass_2_beside_pass_1(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of several ranks whose steps come from their kernel sequences (nsys-ai's
+    ``mfu_2gpu_before``: inferred steps) has its sequences read beside the NVTX table, with its
+    copies and sets: every step's GPU span, the window's NCCL kernels and the pipeline test are
+    known before the shared read, so pass 2 is fed each slice as pass 1 takes it and nothing is
+    spilled; pass 1 finds the same (checked) and the report is the whole read's."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
+    windows: list[Any] = []
+    spilled: list[Path] = []
+    known_window, read_back = sliced_module.known_window, sliced_module._second_pass_slice
+
+    def spied_window(*args: Any) -> Any:
+        windows.append(known_window(*args))
+        return windows[-1]
+
+    def spied_read_back(path: Path, **kwargs: Any) -> Any:
+        spilled.append(path)
+        return read_back(path, **kwargs)
+
+    monkeypatch.setattr(sliced_module, "known_window", spied_window)
+    monkeypatch.setattr(sliced_module, "_second_pass_slice", spied_read_back)
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    assert [r["step_source"] for r in whole["ranks"]] == ["inferred", "inferred"]
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert sorted(sliced_ranks) == [0, 1]
+    assert len(windows) == 2 and all(w is not None and w.spans.height for w in windows)
+    assert sum(len(w.nccl_by_device) for w in windows) > 0  # the window holds NCCL kernels
+    assert spilled == []
+    assert _same(sliced) == _same(whole)
+
+
+def test_a_window_known_before_the_read_that_pass_1_contradicts_fails_loudly(
+    unpacked: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pass 1 still finds the window itself: should the one pass 2 was fed with differ (a bug:
+    both are searched alike), the analysis stops with an internal error instead of reporting
+    numbers measured against another window."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
+    known_window = sliced_module.known_window
+
+    def shifted(*args: Any) -> Any:
+        window = known_window(*args)
+        later = window.spans.with_columns(pl.col("gpu_start") + 1)
+        return sliced_module.KnownWindow(later, window.nccl_by_device, window.pipeline)
+
+    monkeypatch.setattr(sliced_module, "known_window", shifted)
+    with pytest.raises(AssertionError, match="window found before the read differs"):
+        pipeline.analyze(inputs, scheduler="serial", sliced_above=0)
+
+
+def test_no_window_is_known_before_the_read_where_graphs_launch_or_ranges_set_the_steps() -> None:
+    """Graph-launched ops' busy time needs their launches (the read with launches), and steps
+    from ranges attribute ops by their launch: pass 2 then waits for pass 1, as before."""
+    from traceguard import model
+    from traceguard.metrics.steps import ResolvedSteps
+
+    steps = pl.DataFrame(
+        {"pid": [1], "start": [0], "end": [100], "range_id": [0]},
+        schema={"pid": pl.Int32, "start": pl.Int64, "end": pl.Int64, "range_id": pl.Int64},
+    )
+    sequence = pl.DataFrame(
+        {"pid": [1], "device": [0], "kind": ["kernel"], "start": [10], "end": [20], "name_id": [5]},
+        schema={c: model.GPU_OPS_SCHEMA[c] for c in ("pid", "device", "kind", "start", "end", "name_id")},
+    )
+    others = sequence.select("pid", "start", "end").clear()
+    ranges = model.empty(model.RANGES_SCHEMA)
+
+    def capture(names: list[str]) -> Any:
+        ids = list(range(len(names)))
+        strings = pl.DataFrame({"id": ids, "value": names}, schema={"id": pl.Int64, "value": pl.String})
+        return type("Small", (), {"strings": strings, "ranges": ranges})()
+
+    inferred = ResolvedSteps(steps, "inferred", {1: 1})
+    window = sliced_module.known_window(capture(["sgemm", "void"]), inferred, sequence, others)
+    assert window is not None and window.spans.to_dicts() == [{"step_id": 0, "gpu_start": 10, "gpu_end": 20}]
+    assert sliced_module.known_window(capture(["cudaGraphLaunch_v10000"]), inferred, sequence, others) is None
+    from_ranges = ResolvedSteps(steps, "pattern", {})
+    assert sliced_module.known_window(capture(["sgemm"]), from_ranges, sequence, others) is None

@@ -513,9 +513,9 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             started = [first, windows] if first is not None else None
             del first
         # Every process's kernel sequence in one read without launches, not one read per rank.
-        sequences = None
+        sequences = others = None
         if early is not None:
-            sequences = early.finish(len(pids) > 1)
+            sequences, others = early.finish(len(pids) > 1)
         elif needs_sequence:
             sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1)
         ranges_let_go = False
@@ -537,12 +537,18 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             owners = [pids[index] if len(pids) > 1 else None for index in range(len(parts))]
             # Each rank's steps from the one sequence read, which is then let go (a second
             # attempt under other processes lets each rank read its own again).
-            resolved = [
-                _sequence_steps(task, rank, part, pid, sequences) if sequences is not None else None
+            # With each rank's steps, where the sequence read kept the copies and sets beside the
+            # kernels, what pass 2 takes from pass 1 (traceguard.metrics.sliced.known_window).
+            found = [
+                _sequence_steps(task, rank, part, pid, sequences, others) if sequences is not None else (None, None)
                 for (rank, part), pid in zip(parts, owners, strict=True)
             ]
-            sequences = None
-            fanned = _fan_out(task, source, parts, owners, resolved, census, started) if len(parts) > 1 else None
+            resolved = [steps for steps, _known in found]
+            known = [window for _steps, window in found]
+            sequences = others = found = None
+            fanned = (
+                _fan_out(task, source, parts, owners, resolved, known, census, started) if len(parts) > 1 else None
+            )
             if fanned is not None:
                 started = None
                 confirmed = gpu_processes(replace(small, gpu_ops=_census_frame(census)))
@@ -564,6 +570,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
                     slices,
                     on_slice=slices.add_copies,
                     resolved_steps=resolved[index],
+                    known=known[index],
                     **_rank_options(task),
                 )
                 if index == 0:
@@ -593,6 +600,8 @@ class _Packed(NamedTuple):
     constants: dict[str, tuple[Any, pl.DataType]]
 
 
+#: What :func:`traceguard.metrics.sliced.known_window` reads of a copy or set.
+_OTHER_COLUMNS = ("pid", "start", "end")
 #: The sequence's columns that are often one value in a process's piece: its process id, and its
 #: device where the process drives one (every capture here does).
 _PACKED_COLUMNS = ("pid", "device")
@@ -604,6 +613,8 @@ def _packed(frame: pl.DataFrame) -> _Packed:
     10 M kernels' 276 MB)."""
     constants: dict[str, tuple[Any, pl.DataType]] = {}
     for column in _PACKED_COLUMNS:
+        if column not in frame.columns:
+            continue
         values = frame[column]
         # A Python value, not a slice of the column: a slice would hold the whole column's buffer.
         if frame.height and holds_one_value(values):
@@ -665,7 +676,9 @@ class _SequenceRead:
 
     Each block is split by process as it is narrowed, as :func:`_add_sequences` splits it: split
     at the end instead, every block was copied once more while the blocks were still held (the
-    per-op NVTX shape's peak, +0.2 GB)."""
+    per-op NVTX shape's peak, +0.2 GB). The copies and sets are kept beside the sequences, their
+    start and end by process (the per-op NVTX shape's 3.2 M: 51 MB), for the window of pass 2
+    (:func:`_sequence_steps`)."""
 
     def __init__(self, source: Any, rows: int) -> None:
         self._source, self._rows = source, rows
@@ -676,6 +689,10 @@ class _SequenceRead:
         #: what the first slice of a read with launches would plan the ranks from.
         self.first_census: dict[int, int | None] = {}
         self._first = True
+        #: Per block, the copies and sets by process (pid, start, end: what
+        #: :func:`traceguard.metrics.sliced.known_window` reads beside the kernel sequence);
+        #: None once a graph execution was read (pass 2 then waits for pass 1).
+        self._others: list[dict[Any, _Packed]] | None = []
 
     def read_while(self, going_on: Callable[[], bool]) -> None:
         """Read and narrow blocks while ``going_on()`` (asked before each block is taken)."""
@@ -690,30 +707,45 @@ class _SequenceRead:
         if self._first:
             _count_processes(self.first_census, raw)
             self._first = False
+        if self._others is not None:
+            if raw.select((pl.col("kind") == "graph").any()).item():
+                self._others = None
+            else:
+                moved = raw.filter(pl.col("kind") != "kernel").select(_OTHER_COLUMNS).partition_by("pid", as_dict=True)
+                self._others.append({key: _packed(frame) for key, frame in moved.items()})
         for narrow in _narrowed([raw]):
             by_pid = narrow.partition_by("pid", as_dict=True)
             del narrow
             self._by_pid.append({key: _packed(frame) for key, frame in by_pid.items()})
 
-    def finish(self, by_pid: bool) -> dict[int | None, list[_Packed]]:
-        """:func:`_kernel_sequences`' answer: the rest read now."""
+    def finish(self, by_pid: bool) -> tuple[dict[int | None, list[_Packed]], dict[int | None, list[_Packed]] | None]:
+        """:func:`_kernel_sequences`' answer, the rest read now, and the copies and sets by
+        process likewise (None: a graph execution was read, or the sequences were read again)."""
         self.read_while(lambda: True)
         blocks, self._by_pid = self._by_pid, []
+        moved, self._others = self._others, None
         if not by_pid and any(len(block) > 1 for block in blocks):
             # Planned as one process, yet a block holds several (the plan is confirmed over
             # every slice, and redone): the blocks whole are what it reads, so read them again.
-            del blocks
-            return _kernel_sequences(self._source, self._rows, False)
+            del blocks, moved
+            return _kernel_sequences(self._source, self._rows, False), None
         parts: dict[int | None, list[_Packed]] = {}
         for block in _drained(blocks):
             for (pid,), frame in block.items():
                 parts.setdefault(pid if by_pid else None, []).append(frame)
-        return parts
+        others: dict[int | None, list[_Packed]] | None = None
+        if moved is not None:
+            others = {}
+            for block in _drained(moved):
+                for (pid,), frame in block.items():
+                    others.setdefault(pid if by_pid else None, []).append(frame)
+        return parts, others
 
     def close(self) -> None:
         """Stop the read and let go of what it read."""
         self._blocks.close()
         self._by_pid = []
+        self._others = None
 
 
 def _drained(frames: list[_Item]) -> Iterator[_Item]:
@@ -724,21 +756,34 @@ def _drained(frames: list[_Item]) -> Iterator[_Item]:
 
 
 def _sequence_steps(
-    task: MapTask, rank: int, part: Any, pid: int | None, sequences: dict[int | None, list[_Packed]]
-) -> Any:
+    task: MapTask,
+    rank: int,
+    part: Any,
+    pid: int | None,
+    sequences: dict[int | None, list[_Packed]],
+    others: dict[int | None, list[_Packed]] | None = None,
+) -> tuple[Any, Any]:
     """The rank's steps as :func:`traceguard.metrics.sliced.analyse_rank_sliced` would find them
     from its own slices, from its process's kernel sequence (every op when the file is one rank:
-    ``pid`` None); its pieces are let go. Asked only where the file's ranges settle no steps
+    ``pid`` None), and with ``others`` (the copies and sets read beside the sequences) what pass 2
+    takes from pass 1 (:func:`traceguard.metrics.sliced.known_window`; else None); its pieces are
+    let go. Asked only where the file's ranges settle no steps
     (:func:`_needs_kernel_sequence`): a rank's ranges are some of the file's, so its own settle
     none either, and they are not searched again (0.06 s a rank of the per-op NVTX shape)."""
-    from traceguard.metrics.sliced import kernel_sequence, steps_from_sequence
+    from traceguard.metrics.sliced import kernel_sequence, known_window, steps_from_sequence
 
     options = _rank_options(task)
     patterns, sources = options["step_patterns"], options["step_sources"]
     ranked = pl.lit(rank, dtype=pl.Int32).alias("rank")
     # Each piece unpacked as it is taken, and let go by the list then.
     sequence = kernel_sequence(_unpacked(piece).with_columns(ranked) for piece in _drained(sequences.pop(pid, [])))
-    return steps_from_sequence(part, sequence, patterns, sources)
+    resolved = steps_from_sequence(part, sequence, patterns, sources)
+    if others is None:
+        return resolved, None
+    pieces = [_unpacked(piece) for piece in _drained(others.pop(pid, []))]
+    moved = pl.concat(pieces) if pieces else sequence.select(_OTHER_COLUMNS).clear()
+    del pieces
+    return resolved, known_window(part, resolved, sequence, moved)
 
 
 def _needs_kernel_sequence(task: MapTask, small: Any) -> bool:
@@ -831,6 +876,7 @@ def _fan_out(
     parts: list[tuple[int, Capture]],
     owners: list[int | None],
     resolved: list[Any],
+    known: list[Any],
     census: dict[int, int | None],
     started: list[Any] | None,
 ) -> list[tuple[RankResult, list[pl.DataFrame]]] | None:
@@ -861,9 +907,10 @@ def _fan_out(
                 resolved_steps=steps,
                 finishing=finishing,
                 read_ahead=False,  # the read runs on this thread, a slice ahead of each rank
+                known=window,
                 **options,
             )
-            for (rank, part), feed, steps in zip(parts, feeds, settled, strict=True)
+            for (rank, part), feed, steps, window in zip(parts, feeds, settled, known, strict=True)
         ]
         try:
             read = source.op_slices(task.options.slice_rows) if started is None else _resumed(started)

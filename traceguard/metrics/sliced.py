@@ -22,6 +22,14 @@ keep the reader's table order), and each metric keeps only what it adds up:
   NCCL time, the exposed lane and the per-collective overlap measure NCCL intervals against the
   compute union, and a segment that meets none of them changes none of those numbers.
 
+Where the steps come from the kernel sequence (``inferred``, ``window``: an op belongs to the
+step its own GPU start falls in) and that sequence was read before the ops, with the copies and
+sets beside it (the map over a file of several ranks, ``traceguard.mapreduce``), everything pass 2
+waits for is known before the read: each step's GPU span, so the window; the window's NCCL kernels;
+whether the rank may be a pipeline (:func:`known_window`; not where a graph-launch call is named,
+whose ops' busy time needs their launches). Pass 2 is then fed each slice as pass 1 takes it, and
+nothing is spilled or read back; pass 1 still finds all three itself, and they are checked equal.
+
 Then :func:`traceguard.metrics.rank.rank_result`, the assembly the whole-file analysis uses,
 builds the result. Kept across the slices: O(steps + phases × devices + rare ops + compute
 segments that meet NCCL kernels), never O(ops).
@@ -79,6 +87,7 @@ from traceguard.metrics.steps import (
     GPU_TIMED_SOURCES,
     STEP_SOURCES,
     attribute,
+    containing_ids,
     find_phases,
     resolve_steps,
     step_spans_query,
@@ -359,6 +368,54 @@ class _Pass2:
     link_marks: dict[int, IntervalMarks] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class KnownWindow:
+    """What pass 2 takes from pass 1, found before the ops are read (:func:`known_window`), so
+    that pass 2 is fed each slice as pass 1 takes it and nothing is spilled: the steps' GPU spans
+    (``step_id``, typed as the steps' ``range_id``, ``gpu_start``, ``gpu_end``), the window's NCCL
+    kernels per device (as :func:`_intervals_by_device` gives them) and whether the rank may be a
+    pipeline. Pass 1 still finds all three itself; they are checked equal at the end."""
+
+    spans: pl.DataFrame
+    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]]
+    pipeline: bool
+
+
+def known_window(capture: Capture, resolved: Any, sequence: pl.DataFrame, others: pl.DataFrame) -> KnownWindow | None:
+    """:class:`KnownWindow` of a rank whose steps come from its kernel sequence, from that
+    sequence (:func:`kernel_sequence`) and the rank's copies and sets (``others``: their ``pid``,
+    ``start`` and ``end``; the caller holds no graph executions): an op of such steps is attributed
+    by its own GPU start (:func:`attribute` with ``gpu_timed``), so every step's span is known from
+    these alone, by the same search. None where pass 2 would need what only the read with launches
+    gives: steps from ranges (attributed by their launch), or a graph-launch call named in the
+    capture (the graph-launched ops' busy time)."""
+    if not resolved.gpu_timed or graphs.graph_launch_name_ids(capture.strings).len():
+        return None
+    steps = resolved.steps
+    step_ranges = steps.select("pid", "start", "end", pl.col("range_id").alias("step_id"))
+    timed = pl.concat([sequence.select("pid", "start", "end"), others.select("pid", "start", "end")])
+
+    def with_steps(ops: pl.DataFrame) -> pl.DataFrame:
+        if steps.height == 0:
+            return ops.with_columns(pl.lit(None, dtype=steps.schema["range_id"]).alias("step_id"))
+        return ops.with_columns(containing_ids(ops.select("pid", "start"), "start", step_ranges, "step_id", ["pid"]))
+
+    spans = step_spans_query(with_steps(timed)).collect()
+    del timed
+    pid_of_step = steps.select(pl.col("range_id").alias("step_id"), "pid")
+    ids = nccl.nccl_name_ids(capture.strings)["name_id"].cast(sequence.schema["name_id"])
+    kernels = sequence.filter((pl.col("kind") == "kernel") & pl.col("name_id").is_in(ids.implode()).fill_null(False))
+    kernels = with_steps(kernels)
+    segments = window_segments(spans, pid_of_step) if spans.height else None
+    in_window = window_mask(kernels, spans, pid_of_step, segments=segments)
+    collectives = nccl.with_collective(kernels, capture.strings)["collective"]
+    return KnownWindow(
+        spans=spans,
+        nccl_by_device=_intervals_by_device(kernels.filter(in_window)),
+        pipeline=may_be_pipeline(capture.ranges, collectives),
+    )
+
+
 def analyse_rank_sliced(
     rank: int,
     capture: Capture,
@@ -374,6 +431,7 @@ def analyse_rank_sliced(
     resolved_steps: Any | None = None,
     finishing: contextlib.AbstractContextManager[Any] | None = None,
     read_ahead: bool = True,
+    known: KnownWindow | None = None,
 ) -> RankResult:
     """:func:`traceguard.metrics.rank.analyse_rank` of ``capture`` (its small frames: ranges,
     strings, devices, info; its ``gpu_ops`` unused) with the GPU ops from ``op_slices``
@@ -385,7 +443,10 @@ def analyse_rank_sliced(
     for all of them), else found here. ``finishing``: held for pass 2 and the assembly (the
     ranks of one read, each on its thread, take their peaks one at a time). ``read_ahead``: read
     the next slice on a thread of its own while this one is analysed (not when the slices come
-    from a read on another thread already: it would hold one more)."""
+    from a read on another thread already: it would hold one more). ``known``: what pass 2 takes
+    from pass 1, found before the read (:func:`known_window`, with ``resolved_steps``): pass 2 is
+    then fed each slice as pass 1 takes it and nothing is spilled (the per-op NVTX shape: 0.7 s
+    of the kernel's writing, then each rank's pass 2 after the read, one after the other)."""
     strings = capture.strings
     resolved = (
         resolved_steps
@@ -407,6 +468,8 @@ def analyse_rank_sliced(
     # -- pass 1 ------------------------------------------------------------------------------
     one = _Pass1()
     schema: dict[str, pl.DataType] | None = None
+    # Pass 2 beside pass 1, where its inputs are known before the read (no spill then).
+    fed = _pass2_feed(capture, steps, known.spans, gpu_timed, known.pipeline, False, max_segments) if known else None
     with tempfile.TemporaryDirectory(prefix="traceguard-slices-", dir=spill_dir) as spill:
         spilled: list[Path] = []
         # The pieces are written on a thread of their own while the next slice is analysed (the
@@ -426,6 +489,10 @@ def analyse_rank_sliced(
                 # In pieces of about SPILL_ROWS: pass 2 holds a piece and what it derives, twice (the
                 # read-ahead), so the piece, not the read's slice, sets that pass's peak.
                 for piece in time_pieces(ops.select(_SPILL_COLUMNS), SPILL_ROWS):
+                    if fed is not None and known is not None:
+                        _second_pass(fed.two, fed.prepare(piece, launched_expr), known.nccl_by_device, *fed.lanes)
+                        del piece
+                        continue
                     spilled.append(Path(spill) / f"{len(spilled):06d}.arrow")
                     if len(writing) > 1:
                         writing.popleft().result()
@@ -454,6 +521,8 @@ def analyse_rank_sliced(
                     launched_expr,
                     spilled,
                     unspill,
+                    fed,
+                    known,
                     ranks_analysed=ranks_analysed,
                     small_bytes=small_bytes,
                     max_segments=max_segments,
@@ -499,13 +568,16 @@ def _finish(
     launched_expr: pl.Expr,
     spilled: Sequence[Path],
     unspill: threading.Thread,
+    fed: _Pass2Feed | None,
+    known: KnownWindow | None,
     *,
     ranks_analysed: int,
     small_bytes: int,
     max_segments: int,
 ) -> RankResult:
     """Pass 2 over the spilled slices, then the assembly (module docstring); ``unspill`` (which
-    removes the spill) is started between the two."""
+    removes the spill) is started between the two. ``fed``: pass 2 fed already during pass 1,
+    from ``known`` (nothing spilled), which is checked against what pass 1 found."""
     info = capture.info
     steps = resolved.steps
     gpu_timed = resolved.gpu_timed
@@ -526,34 +598,22 @@ def _finish(
 
     # -- pass 2 ------------------------------------------------------------------------------
     release_heap()  # what pass 1 freed, not kept under pass 2's peak (traceguard.memory)
-    two = _Pass2()
-    two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
-    capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
-    samples = link_counters.sample_midpoints(capture.link_samples, capture)  # as rank_device_samples gives them
-    for (device,), own in samples.group_by("device") if samples.height else ():
-        two.link_marks[int(device)] = IntervalMarks(own.sort("time")["time"].to_numpy())  # type: ignore[arg-type]
     collectives_seen = nccl.with_collective(nccl_kernels, capture.strings)["collective"]
-    if may_be_pipeline(capture.ranges, collectives_seen):
-        two.bubble = GroupUnion(clip=True)
-    compute_lane = SegmentReducer(max_segments)
-    copies_lane = SegmentReducer(max_segments)
+    pipeline = may_be_pipeline(capture.ranges, collectives_seen)
     want_busy = bool(rare.select((pl.col("kind") == "graph").any()).item()) or one.launched_by_graph > 0
-    # Each slice's own sums and arrays are taken on the read-ahead thread while this one feeds
-    # the unions, which need the slices in order (pass 2 had a core to itself otherwise). Two
-    # such threads: 0.13 s less on the CUDA-graph shape at +170 MB, not taken.
-    prepare = functools.partial(
-        _second_pass_slice,
-        spans=spans,
-        pid_of_step=pid_of_step,
-        launched=launched_expr,
-        bubble=two.bubble is not None,
-        busy=want_busy,
-        steps=two.breakdown,
-        segments=segments,
-    )
-    for part in prefetched(map(prepare, spilled)):
-        _second_pass(two, part, nccl_by_device, compute_lane, copies_lane)
-        del part
+    if fed is None:
+        fed = _pass2_feed(capture, steps, spans, gpu_timed, pipeline, want_busy, max_segments, segments=segments)
+        # Each slice's own sums and arrays are taken on the read-ahead thread while this one feeds
+        # the unions, which need the slices in order (pass 2 had a core to itself otherwise). Two
+        # such threads: 0.13 s less on the CUDA-graph shape at +170 MB, not taken.
+        prepare = functools.partial(_second_pass_slice, fed=fed, launched=launched_expr)
+        for part in prefetched(map(prepare, spilled)):
+            _second_pass(fed.two, part, nccl_by_device, *fed.lanes)
+            del part
+    elif known is not None:
+        _check_known(known, spans, nccl_by_device, pipeline, want_busy)
+    two = fed.two
+    compute_lane, copies_lane = fed.lanes
     _close_unions(two, nccl_by_device, compute_lane, copies_lane)
     unspill.start()  # read back whole: removed while the result is assembled
 
@@ -810,8 +870,96 @@ class _Pass2Slice:
     busy_launched: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
 
-def _second_pass_slice(
-    path: Path,
+@dataclass
+class _Pass2Feed:
+    """Pass 2's state and what it reduces each slice with (:func:`_pass2_feed`)."""
+
+    two: _Pass2
+    #: The timeline's compute and copy lanes.
+    lanes: tuple[SegmentReducer, SegmentReducer]
+    spans: pl.DataFrame
+    pid_of_step: pl.DataFrame
+    segments: pl.DataFrame | None
+    busy: bool
+
+    def prepare(self, ops: pl.DataFrame, launched: pl.Expr) -> _Pass2Slice:
+        """One slice (pass 1's spill columns) reduced to what :func:`_second_pass` feeds."""
+        return _second_pass_frame(
+            ops,
+            self.spans,
+            self.pid_of_step,
+            launched,
+            bubble=self.two.bubble is not None,
+            busy=self.busy,
+            steps=self.two.breakdown,
+            segments=self.segments,
+        )
+
+
+def _pass2_feed(
+    capture: Capture,
+    steps: pl.DataFrame,
+    spans: pl.DataFrame,
+    gpu_timed: bool,
+    pipeline: bool,
+    busy: bool,
+    max_segments: int,
+    *,
+    segments: pl.DataFrame | None = None,
+) -> _Pass2Feed:
+    """Pass 2's empty state for the window of ``spans`` (``segments``: their
+    :func:`window_segments`, when the caller has them); ``pipeline``: the bubble's union is kept
+    (:func:`may_be_pipeline`); ``busy``: the graphs' busy unions are."""
+    pid_of_step = steps.select(pl.col("range_id").alias("step_id"), "pid")
+    if segments is None and spans.height:
+        segments = window_segments(spans, pid_of_step)
+    two = _Pass2()
+    two.breakdown = StepBreakdown(*periods(steps, spans, gpu_timed=gpu_timed))
+    capture.resolve_links()  # read beside pass 1 (traceguard.ingest.nsys_slices)
+    samples = link_counters.sample_midpoints(capture.link_samples, capture)  # as rank_device_samples gives them
+    for (device,), own in samples.group_by("device") if samples.height else ():
+        two.link_marks[int(device)] = IntervalMarks(own.sort("time")["time"].to_numpy())  # type: ignore[arg-type]
+    if pipeline:
+        two.bubble = GroupUnion(clip=True)
+    lanes = (SegmentReducer(max_segments), SegmentReducer(max_segments))
+    return _Pass2Feed(two, lanes, spans, pid_of_step, segments, busy)
+
+
+def _check_known(
+    known: KnownWindow,
+    spans: pl.DataFrame,
+    nccl_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
+    pipeline: bool,
+    busy: bool,
+) -> None:
+    """Raise unless what pass 2 was fed with before the read is what pass 1 found (it is by
+    construction: :func:`known_window` searches the same ops with the same rules)."""
+
+    def ordered(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.select(pl.col("step_id").cast(pl.Int64), "gpu_start", "gpu_end").sort("step_id")
+
+    same = (
+        ordered(spans).equals(ordered(known.spans))
+        and pipeline == known.pipeline
+        and not busy
+        and nccl_by_device.keys() == known.nccl_by_device.keys()
+        and all(
+            np.array_equal(a, b)
+            for device, pair in nccl_by_device.items()
+            for a, b in zip(pair, known.nccl_by_device[device], strict=True)
+        )
+    )
+    if not same:
+        raise AssertionError("the window found before the read differs from pass 1's: a sliced-analysis bug")
+
+
+def _second_pass_slice(path: Path, *, fed: _Pass2Feed, launched: pl.Expr) -> _Pass2Slice:
+    """One spilled slice read back and reduced (:meth:`_Pass2Feed.prepare`; no state)."""
+    return fed.prepare(read_spilled(path), launched)
+
+
+def _second_pass_frame(
+    ops: pl.DataFrame,
     spans: pl.DataFrame,
     pid_of_step: pl.DataFrame,
     launched: pl.Expr,
@@ -821,11 +969,10 @@ def _second_pass_slice(
     steps: StepBreakdown | None = None,
     segments: pl.DataFrame | None = None,
 ) -> _Pass2Slice:
-    """One spilled slice read back and reduced to what :func:`_second_pass` feeds (no state).
-    ``steps``: whether the step breakdown is wanted (its arrays are the slice's columns in place,
-    a category byte and a launch copy: fed by :func:`_second_pass` on the other thread, which
-    has the time: this one reads). ``segments``: :func:`window_segments` of ``spans``."""
-    ops = read_spilled(path)
+    """One slice of pass 2 (the spill's columns) reduced to what :func:`_second_pass` feeds (no
+    state). ``steps``: whether the step breakdown is wanted (its arrays are the slice's columns in
+    place, a category byte and a launch copy: fed by :func:`_second_pass` on the other thread,
+    which has the time: this one reads). ``segments``: :func:`window_segments` of ``spans``."""
     arrays = op_arrays(ops) if steps is not None else None
     mask = window_mask(ops, spans, pid_of_step, segments=segments)
     # Most slices lie wholly inside the window and are timed throughout: then they are the slice
