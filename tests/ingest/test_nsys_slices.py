@@ -426,3 +426,47 @@ def test_the_non_launch_keys_pass_finds_the_runs_the_runs_pass_does(path: Path, 
             assert sliced._runs[name] == nsys_slices._find_runs(reader, name, rowid)
             if "mfu_2gpu_before" in path.name:
                 assert len(sliced._runs[name]) > 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.integers(0, 400), max_size=120), st.data(), st.sampled_from([2, 3, 256]))
+def test_the_launch_cache_merges_by_slices_as_a_sort_by_rowid_would(
+    rowids: set[int], data: st.DataObject, pieces: int
+) -> None:
+    """Rows read for a block join the launch cache in rowid order: put together from slices of
+    the held and the new rows (no copy), or sorted when they interleave in more pieces than
+    ``_MERGE_PIECES``; either way the frame a stable sort by rowid gives."""
+    ordered = sorted(rowids)
+    held_mask = data.draw(st.lists(st.booleans(), min_size=len(ordered), max_size=len(ordered)))
+    schema = {"rowid": pl.Int64, "start": pl.Int64}
+
+    def frame(ids: list[int]) -> pl.DataFrame:
+        return pl.DataFrame({"rowid": ids, "start": [i * 3 for i in ids]}, schema=schema)
+
+    held = frame([r for r, h in zip(ordered, held_mask, strict=True) if h])
+    new = frame([r for r, h in zip(ordered, held_mask, strict=True) if not h])
+    original = nsys_slices._MERGE_PIECES
+    nsys_slices._MERGE_PIECES = pieces
+    try:
+        merged = nsys_slices._merged_by_rowid(held, new)
+    finally:
+        nsys_slices._MERGE_PIECES = original
+    assert_frame_equal(merged, pl.concat([held, new]).sort("rowid", maintain_order=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.booleans(), max_size=200), st.sampled_from([2, 256]))
+def test_what_the_launch_cache_keeps_is_what_a_filter_keeps(keep: list[bool], pieces: int) -> None:
+    """The rows the cache keeps after an eviction, taken as slices where they are few runs of
+    rows (each API run's newest rows), else filtered: the filter's frame either way."""
+    import numpy as np
+
+    frame = pl.DataFrame({"rowid": list(range(len(keep)))}, schema={"rowid": pl.Int64})
+    mask = np.array(keep, dtype=bool)
+    original = nsys_slices._MERGE_PIECES
+    nsys_slices._MERGE_PIECES = pieces
+    try:
+        kept = nsys_slices._kept(frame, mask)
+    finally:
+        nsys_slices._MERGE_PIECES = original
+    assert_frame_equal(kept, frame.filter(pl.Series(mask, dtype=pl.Boolean)))

@@ -38,6 +38,7 @@ part first.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,6 +109,8 @@ _JOINED_SCHEMA: dict[str, pl.DataType] = {
     "pid": pl.Int32(),
     "correlation_id": pl.Int64(),
 }
+#: Slices at most that :func:`_merged_by_rowid` puts together (rows of many runs interleaved: a sort).
+_MERGE_PIECES = 256
 #: Joined rows dropped from the cache that are still checked exactly against rows read later
 #: (where order is checked); older ones only by their correlation ids per pid.
 JOINED_RECORD_ROWS = 1 << 18
@@ -776,10 +779,7 @@ class _Launches:
             table = self.tables[index]
             if self.check_order:
                 self.check_new(index, new)
-            merged = pl.concat([self.cache[index], new], how="vertical", rechunk=False)
-            if not merged["rowid"].is_sorted():
-                merged = merged.sort("rowid", maintain_order=True)
-            self.cache[index] = merged
+            self.cache[index] = _merged_by_rowid(self.cache[index], new)
             if table.split:
                 continue
             starts = new["start"].fill_null(_NULL_START)
@@ -866,12 +866,49 @@ class _Launches:
                 used = cached.filter(dropping & cached["used"])
                 used = used.select(pl.lit(index, dtype=pl.Int32).alias("table"), "rowid", "pid", "correlation_id")
                 self.joined = pl.concat([self.joined, used.cast(_JOINED_SCHEMA)], how="vertical")
-            self.cache[index] = cached.filter(~dropping)
+            self.cache[index] = _kept(cached, ~old)
         if self.joined.height > JOINED_RECORD_ROWS:  # forget the oldest: keep their marks only
             excess = self.joined.height - JOINED_RECORD_ROWS
             oldest = self.joined.head(excess)
             _raise_marks(self.forgotten, oldest["pid"], oldest["correlation_id"])
             self.joined = self.joined.slice(excess)
+
+
+def _kept(frame: pl.DataFrame, keep: np.ndarray) -> pl.DataFrame:
+    """``frame``'s rows where ``keep``, in order: as slices where they are a few runs of rows (a
+    run's oldest rows go first, so what the cache keeps of each run is its end), else filtered."""
+    edges = np.flatnonzero(np.diff(keep.astype(np.int8))) + 1
+    if keep.size == 0 or edges.size >= _MERGE_PIECES:
+        return frame.filter(pl.Series(keep))
+    bounds = [0, *edges.tolist(), keep.size]
+    pieces = [frame.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds) if keep[lo]]
+    return pl.concat(pieces, how="vertical", rechunk=False) if pieces else frame.clear()
+
+
+def _merged_by_rowid(held: pl.DataFrame, new: pl.DataFrame) -> pl.DataFrame:
+    """``held`` and ``new`` (each in rowid order; a rowid in one of them only) as one frame in
+    rowid order. A table's launch rows come in runs, and the rows a block adds to a run all follow
+    the rows held of it, so the result is a few slices of each, put together without a copy. A
+    sort copied the whole cache at each block where two runs interleave (the per-op NVTX shape:
+    13 merges of 15, 1.5 M rows each); with :func:`_kept`, the CUDA-graph shape took 0.6-0.9 s of
+    CPU less. With more than :data:`_MERGE_PIECES` slices, a sort."""
+    if held.height == 0 or new.height == 0:
+        return new if held.height == 0 else held
+    at = np.searchsorted(held["rowid"].to_numpy(), new["rowid"].to_numpy())  # each new row's place
+    cuts = np.flatnonzero(np.diff(at)) + 1  # where the new rows' place changes
+    if cuts.size >= _MERGE_PIECES:
+        return pl.concat([held, new], how="vertical", rechunk=False).sort("rowid", maintain_order=True)
+    pieces = []
+    done = 0  # held rows placed so far
+    for first, end in zip([0, *cuts.tolist()], [*cuts.tolist(), new.height], strict=True):
+        place = int(at[first])
+        if place > done:
+            pieces.append(held.slice(done, place - done))
+            done = place
+        pieces.append(new.slice(first, end - first))
+    if done < held.height:
+        pieces.append(held.slice(done, held.height - done))
+    return pl.concat(pieces, how="vertical", rechunk=False)
 
 
 def _raise_marks(marks: dict[int, int], pids: pl.Series, ids: pl.Series, where: np.ndarray | None = None) -> None:
