@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
@@ -435,7 +436,7 @@ def test_the_launch_cache_merges_by_slices_as_a_sort_by_rowid_would(
 ) -> None:
     """Rows read for a block join the launch cache in rowid order: put together from slices of
     the held and the new rows (no copy), or sorted when they interleave in more pieces than
-    ``_MERGE_PIECES``; either way the frame a stable sort by rowid gives."""
+    ``most`` (the cache's: ``_MERGE_PIECES``); either way the frame a stable sort by rowid gives."""
     ordered = sorted(rowids)
     held_mask = data.draw(st.lists(st.booleans(), min_size=len(ordered), max_size=len(ordered)))
     schema = {"rowid": pl.Int64, "start": pl.Int64}
@@ -445,12 +446,7 @@ def test_the_launch_cache_merges_by_slices_as_a_sort_by_rowid_would(
 
     held = frame([r for r, h in zip(ordered, held_mask, strict=True) if h])
     new = frame([r for r, h in zip(ordered, held_mask, strict=True) if not h])
-    original = nsys_slices._MERGE_PIECES
-    nsys_slices._MERGE_PIECES = pieces
-    try:
-        merged = nsys_slices._merged_by_rowid(held, new)
-    finally:
-        nsys_slices._MERGE_PIECES = original
+    merged = nsys_slices._merged_by_rowid(held, new, most=pieces)
     assert_frame_equal(merged, pl.concat([held, new]).sort("rowid", maintain_order=True))
 
 
@@ -459,14 +455,7 @@ def test_the_launch_cache_merges_by_slices_as_a_sort_by_rowid_would(
 def test_what_the_launch_cache_keeps_is_what_a_filter_keeps(keep: list[bool], pieces: int) -> None:
     """The rows the cache keeps after an eviction, taken as slices where they are few runs of
     rows (each API run's newest rows), else filtered: the filter's frame either way."""
-    import numpy as np
-
     frame = pl.DataFrame({"rowid": list(range(len(keep)))}, schema={"rowid": pl.Int64})
     mask = np.array(keep, dtype=bool)
-    original = nsys_slices._MERGE_PIECES
-    nsys_slices._MERGE_PIECES = pieces
-    try:
-        kept = nsys_slices._kept(frame, mask)
-    finally:
-        nsys_slices._MERGE_PIECES = original
+    kept = nsys_slices._kept(frame, mask, most=pieces)
     assert_frame_equal(kept, frame.filter(pl.Series(mask, dtype=pl.Boolean)))

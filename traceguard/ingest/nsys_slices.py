@@ -874,29 +874,30 @@ class _Launches:
             self.joined = self.joined.slice(excess)
 
 
-def _kept(frame: pl.DataFrame, keep: np.ndarray) -> pl.DataFrame:
-    """``frame``'s rows where ``keep``, in order: as slices where they are a few runs of rows (a
-    run's oldest rows go first, so what the cache keeps of each run is its end), else filtered."""
+def _kept(frame: pl.DataFrame, keep: np.ndarray, most: int = _MERGE_PIECES) -> pl.DataFrame:
+    """``frame``'s rows where ``keep``, in order: as slices where they are at most ``most`` runs of
+    rows (a run's oldest rows go first, so what the cache keeps of each run is its end), else
+    filtered."""
     edges = np.flatnonzero(np.diff(keep.astype(np.int8))) + 1
-    if keep.size == 0 or edges.size >= _MERGE_PIECES:
+    if keep.size == 0 or edges.size >= most:
         return frame.filter(pl.Series(keep))
     bounds = [0, *edges.tolist(), keep.size]
     pieces = [frame.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds) if keep[lo]]
     return pl.concat(pieces, how="vertical", rechunk=False) if pieces else frame.clear()
 
 
-def _merged_by_rowid(held: pl.DataFrame, new: pl.DataFrame) -> pl.DataFrame:
+def _merged_by_rowid(held: pl.DataFrame, new: pl.DataFrame, most: int = _MERGE_PIECES) -> pl.DataFrame:
     """``held`` and ``new`` (each in rowid order; a rowid in one of them only) as one frame in
     rowid order. A table's launch rows come in runs, and the rows a block adds to a run all follow
     the rows held of it, so the result is a few slices of each, put together without a copy. A
     sort copied the whole cache at each block where two runs interleave (the per-op NVTX shape:
     13 merges of 15, 1.5 M rows each); with :func:`_kept`, the CUDA-graph shape took 0.6-0.9 s of
-    CPU less. With more than :data:`_MERGE_PIECES` slices, a sort."""
+    CPU less. With more than ``most`` slices, a sort."""
     if held.height == 0 or new.height == 0:
         return new if held.height == 0 else held
     at = np.searchsorted(held["rowid"].to_numpy(), new["rowid"].to_numpy())  # each new row's place
     cuts = np.flatnonzero(np.diff(at)) + 1  # where the new rows' place changes
-    if cuts.size >= _MERGE_PIECES:
+    if cuts.size >= most:
         return pl.concat([held, new], how="vertical", rechunk=False).sort("rowid", maintain_order=True)
     pieces = []
     done = 0  # held rows placed so far
