@@ -99,6 +99,34 @@ def test_slices_match_whole_read(gz: Path, unpacked) -> None:
                 assert_frame_equal(first.ops, second)
 
 
+#: What a read without launches keeps of an op: what step inference reads of it (its kernel
+#: sequence), besides the order its start checks.
+_SEQUENCE = ["pid", "device", "kind", "start", "end", "name_id"]
+
+
+@pytest.mark.parametrize("gz", CAPTURES, ids=[_ident(p) for p in CAPTURES])
+def test_slices_without_launches_hold_what_step_inference_reads(gz: Path, unpacked) -> None:
+    """A read without launches (the kernel sequence's) decodes only an op's process, device,
+    kind, start, end and name: those are the whole read's, in the whole read's slices, and every
+    other column it leaves null."""
+    db = unpacked(gz)
+    with open_sliced(db) as sliced:
+        for max_rows in (7, 10**7):
+            full = list(sliced.op_windows(max_rows))
+            narrow = list(sliced.op_windows(max_rows, launches=False))
+            assert [(w.lo, w.hi) for w in narrow] == [(w.lo, w.hi) for w in full]
+            for cut, whole in zip(narrow, full, strict=True):
+                assert cut.ops.schema == whole.ops.schema
+                assert_frame_equal(cut.ops.select(_SEQUENCE), whole.ops.select(_SEQUENCE))
+                graph = (cut.ops["kind"] == "graph").to_numpy()  # graph executions are read whole
+                rest = cut.ops.filter(~pl.Series(graph)).drop(_SEQUENCE, "rank", "copy_kind")
+                assert all(rest[c].null_count() == rest.height for c in rest.columns)
+                copies = pl.col("kind") == "memcpy"
+                assert_frame_equal(
+                    cut.ops.filter(copies).select("copy_kind"), whole.ops.filter(copies).select("copy_kind")
+                )
+
+
 def _count_rereads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rereads: list[int] = []
     reread = nsys_sqlite._Reader.reread_launches

@@ -312,8 +312,9 @@ class SlicedNsys:
         ops (more only when more ops share one start), in start order; within a slice in the
         whole read's order (kernels, memcpys, memsets, graph executions, each in rowid order).
         Columns, types and launch columns as the whole read's ``gpu_ops``; with ``launches``
-        false the launch columns are null and no API row is read (for what needs only the ops,
-        such as the kernel sequence that step inference reads). Each call reads the file again;
+        false no API row is read and only what step inference reads of an op is (the kernel
+        sequence: process, device, kind, start, end, name): the launch columns, correlation ids,
+        bytes and memory kinds are null. Each call reads the file again;
         memory follows ``max(max_rows, MIN_BLOCK_ROWS)``, not the file."""
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
@@ -360,7 +361,7 @@ class SlicedNsys:
                         launches.read_plans(plans, hi)
                     ops = launches.attach(ops, hi)
                 else:
-                    ops = self._read_block(tables, ranges, graphs, lo, hi)
+                    ops = self._read_block(tables, ranges, graphs, lo, hi, sequence_only=True)
                     ops = ops.with_columns(pl.lit(None, dtype=d).alias(c) for c, d in model.LAUNCH_SCHEMA.items())
                 if not self._reader.keep_correlation:
                     ops = ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("correlation_id"))
@@ -382,13 +383,16 @@ class SlicedNsys:
         graphs: pl.DataFrame,
         lo: int,
         hi: int,
+        *,
+        sequence_only: bool = False,
     ) -> pl.DataFrame:
         """The ops of rowid ``ranges`` (one per GPU table) and the graph executions starting in
-        [lo, hi), through the whole read's own code; each table's starts checked in order."""
+        [lo, hi), through the whole read's own code; each table's starts checked in order.
+        ``sequence_only``: only the columns step inference reads (``_Reader.node_ops``)."""
         where: dict[str, str | Rows] = {}
         for table in tables:
             where[table.name] = Rows((ranges[table.name],), rowid=table.rowid)
-        frames = self._reader.node_ops(where)
+        frames = self._reader.node_ops(where, sequence_only=sequence_only)
         for table, frame in zip(tables, frames, strict=True):
             self._check_order(table, frame, lo, hi)
             table.cursor = ranges[table.name][1]
