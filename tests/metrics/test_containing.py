@@ -47,8 +47,67 @@ def test_containing_ids_matches_asof(seed: int, monkeypatch: pytest.MonkeyPatch)
     fast = steps.containing_ids(points, "p", ranges, "rid", ["pid"])
     with monkeypatch.context() as m:
         m.setattr(steps, "containing_rows", lambda *a: None)
+        m.setattr(steps, "FEW_INTERVALS", 0)
         slow = steps.containing_ids(points, "p", ranges, "rid", ["pid"])
     assert fast.to_list() == slow.to_list()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bounds=st.lists(st.tuples(st.integers(-3, 40), st.integers(-3, 40)), min_size=1, max_size=steps.FEW_INTERVALS + 1),
+    groups=st.sampled_from([["pid"], ["pid", "step_id"], []]),
+    points=st.lists(
+        st.tuples(st.none() | st.integers(0, 5), st.none() | st.integers(0, 2), st.none() | st.integers(-5, 45)),
+        max_size=60,
+    ),
+)
+def test_intervals_alone_in_their_group_are_searched_by_comparison_as_by_search(
+    bounds: list[tuple[int, int]], groups: list[str], points: list[tuple[int | None, int | None, int | None]]
+) -> None:
+    """A few intervals, none sharing a group (the window steps: one a process), answered by one
+    comparison each (``steps._one_per_group``): the ids the search and the as-of join give, null
+    points and keys, points on either bound, an end before its start, keys no interval has."""
+    rows = [(k, k % 3, start, end, 100 + k) for k, (start, end) in enumerate(bounds)]
+    if not groups:
+        rows = rows[:1]
+    intervals_frame = pl.DataFrame(
+        rows,
+        schema={"pid": pl.Int32, "step_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "rid": pl.Int32},
+        orient="row",
+    )
+    frame = pl.DataFrame(points, schema={"pid": pl.Int32, "step_id": pl.Int64, "p": pl.Int64}, orient="row")
+    few = steps._one_per_group(frame, "p", intervals_frame, "rid", groups)
+    assert (few is not None) == (len(rows) <= steps.FEW_INTERVALS)
+    rows_found = intervals.containing_rows(frame, "p", intervals_frame, groups)
+    native, intervals._native = intervals._native, None  # the NumPy search: the C one's reference
+    try:
+        rows_numpy = intervals.containing_rows(frame, "p", intervals_frame, groups)
+    finally:
+        intervals._native = native
+    assert (rows_found is None and rows_numpy is None) or np.array_equal(rows_found, rows_numpy)  # type: ignore[arg-type]
+    searched = intervals.gather_rows(intervals_frame["rid"], rows_found).to_list() if rows_found is not None else None
+    if few is not None:
+        assert few.dtype == pl.Int32 and few.len() == frame.height
+        if searched is not None:
+            assert few.to_list() == searched
+        want = [
+            next(
+                (
+                    rid
+                    for key, step, start, end, rid in rows
+                    if start <= (p if p is not None else -99) <= end
+                    and all(
+                        value is not None and value == (key if column == "pid" else step)
+                        for column, value in zip(["pid", "step_id"], [pid, step_id], strict=True)
+                        if column in groups
+                    )
+                    and p is not None
+                ),
+                None,
+            )
+            for pid, step_id, p in points
+        ]
+        assert few.to_list() == want
 
 
 @pytest.mark.parametrize("seed", range(10))

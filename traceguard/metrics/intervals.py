@@ -311,7 +311,10 @@ def containing_rows(points: pl.DataFrame, point_col: str, intervals: pl.DataFram
         for c in by:
             present &= part[c].is_not_null()
         p = part[point_col].fill_null(low).to_numpy().astype(np.int64, copy=False)
-        g = encode_keys(part.select(pl.col(c).fill_null(fill[c]) for c in by), by, bounds)
+        # No keys: one group (a frame of no columns has no rows to encode).
+        g = np.zeros(len(p), np.int64)
+        if by:
+            g = encode_keys(part.select(pl.col(c).fill_null(fill[c]) for c in by), by, bounds)
         at = np.searchsorted(key, (p - low) if one_group and not icode[0] else g * width + (p - low), side="right")
         at -= 1
         row = order[np.maximum(at, 0)]
@@ -331,7 +334,7 @@ def _native_search(
     nulls and constant keys looked at once (the caller has checked every code × width fits)."""
     nulls = points[point_col].null_count() > 0 or any(points[c].null_count() for c in by)
     constant: int | None = None
-    if not nulls:
+    if not nulls or not by:  # no keys: every point is in the one group (a null point is not valid)
         ends = [(points[c].min(), points[c].max()) for c in by]
         if all(a is not None and a == b for a, b in ends):
             constant = 0

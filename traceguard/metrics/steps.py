@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -234,6 +235,9 @@ def containing_ids(
     """``id_col`` of the latest-starting interval (same ``by``) that contains each point, as a
     column aligned with ``points`` (null where none). Same rule as :func:`innermost_containing`,
     but only the key columns are sorted and joined, and the ids are scattered back by row."""
+    few = _one_per_group(points, point_col, intervals, id_col, by)
+    if few is not None:
+        return few
     rows = containing_rows(points, point_col, intervals, by)
     if rows is not None:
         return gather_rows(intervals[id_col], rows).alias(id_col)
@@ -257,6 +261,38 @@ def containing_ids(
     if joined.height:
         out = out.scatter(joined["_row"], joined["_id"])
     return out
+
+
+#: Up to how many intervals, each alone in its group, :func:`containing_ids` tests every point
+#: against each in one expression instead of searching them.
+FEW_INTERVALS = 4
+
+
+def _one_per_group(
+    points: pl.DataFrame, point_col: str, intervals: pl.DataFrame, id_col: str, by: list[str]
+) -> pl.Series | None:
+    """:func:`containing_ids` where there are at most :data:`FEW_INTERVALS` intervals and no two
+    share a group (integer keys, no null bound or key): each is then its group's only candidate,
+    so a point has its id exactly when it has the key and ``start <= point <= end``. One pass of
+    comparisons where the search would sort, search and gather (the window steps: one step a
+    process; a rank's 6.6 M ops of the per-op NVTX shape in 15 ms instead of 0.13 s), else None."""
+    if not 0 < intervals.height <= FEW_INTERVALS:
+        return None
+    if any(intervals[c].null_count() for c in ("start", "end", *by)):
+        return None
+    if not all(points.schema[c].is_integer() and intervals.schema[c].is_integer() for c in by):
+        return None
+    if (intervals.select(by).n_unique() if by else 1) != intervals.height:
+        return None
+    dtype = intervals.schema[id_col]
+    point = pl.col(point_col)
+    found: Any = None
+    for *keys, start, end, ident in intervals.select(*by, "start", "end", id_col).iter_rows():
+        hit = (point >= start) & (point <= end)
+        for column, key in zip(by, keys, strict=True):
+            hit &= pl.col(column) == key
+        found = (pl.when if found is None else found.when)(hit).then(pl.lit(ident, dtype=dtype))
+    return points.select(found.otherwise(pl.lit(None, dtype=dtype)).alias(id_col)).to_series()
 
 
 def innermost_containing(
