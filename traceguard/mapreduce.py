@@ -75,7 +75,7 @@ from traceguard.ingest import (
 )
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.ingest.nsys_sqlite import share_cores
-from traceguard.memory import fewer_collections, tune_heap
+from traceguard.memory import fewer_collections, polars_heap_released_every, release_polars_heap, tune_heap
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.model import GPU_OPS_SCHEMA, Capture, empty, holds_one_value
 
@@ -106,6 +106,21 @@ class SchedulerError(InputError):
 #: traceguard's nsys time goes") 12-15 % faster and 0.1-0.25 GB lower at the peak, with glibc's
 #: own heap; the per-slice work that costs is fixed, not per op.
 SLICE_ROWS = 1_000_000
+
+
+#: How often Polars' freed pages are handed back while a file's NVTX table is read beside its
+#: kernel sequences (:func:`traceguard.memory.polars_heap_released_every`).
+RELEASE_EVERY_S = 0.1
+
+
+def fan_out_rows(slice_rows: int) -> int:
+    """The GPU ops a read that feeds every rank of a file (:func:`_fan_out`) takes at a time:
+    three quarters of a slice. That read holds one block while each rank analyses its part of
+    the one before and has its part of the next queued: three blocks in flight, where a rank
+    reading alone holds two (its slice and the one read ahead). On the per-op NVTX shape the
+    read's level fell from 1.05-1.10 GB to 0.93-0.97 GB in the same time; half a slice held
+    0.83-0.88 GB but took 0.4-1.0 s longer."""
+    return max(slice_rows * 3 // 4, 1)
 
 
 @dataclass(frozen=True)
@@ -481,10 +496,16 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         try:
             if early is not None and pending is not None:
                 busy = pending
-                early.read_while(lambda: not busy.done())
-                source.prepare_launches(lambda: not busy.done())
+                with polars_heap_released_every(RELEASE_EVERY_S):
+                    early.read_while(lambda: not busy.done())
+                    source.prepare_launches(lambda: not busy.done())
+                    busy.result()
             small = with_rank_hint(pending.result() if pending is not None else reading())
             pending = busy = None  # the future no longer holds the capture (its ranges are let go below)
+            if early is not None:
+                # The NVTX table's read freed most of what it took, on its own thread: handed
+                # back before the ranks' ranges are cut from the file's (traceguard.memory).
+                release_polars_heap()
             needs_sequence = _needs_kernel_sequence(task, small)
         except BaseException:
             if early is not None:
@@ -539,10 +560,15 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             # attempt under other processes lets each rank read its own again).
             # With each rank's steps, where the sequence read kept the copies and sets beside the
             # kernels, what pass 2 takes from pass 1 (traceguard.metrics.sliced.known_window).
-            found = [
-                _sequence_steps(task, rank, part, pid, sequences, others) if sequences is not None else (None, None)
-                for (rank, part), pid in zip(parts, owners, strict=True)
-            ]
+            found: list[tuple[Any, Any]] = []
+            for (rank, part), pid in zip(parts, owners, strict=True):
+                if sequences is None:
+                    found.append((None, None))
+                    continue
+                # What the NVTX table's read, the sequence read and the rank before freed is not
+                # kept under this rank's steps (traceguard.memory: 0.2-0.3 GB each here).
+                release_polars_heap()
+                found.append(_sequence_steps(task, rank, part, pid, sequences, others))
             resolved = [steps for steps, _known in found]
             known = [window for _steps, window in found]
             sequences = others = found = None
@@ -896,6 +922,7 @@ def _fan_out(
         return None
     feeds = [_FedSlices(rank) for rank, _part in parts]
     finishing = threading.Lock()
+    release_polars_heap()  # the steps' search freed: not kept under the read (traceguard.memory)
     with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="traceguard-rank") as pool:
         analyses = [
             pool.submit(
@@ -913,7 +940,7 @@ def _fan_out(
             for (rank, part), feed, steps, window in zip(parts, feeds, settled, known, strict=True)
         ]
         try:
-            read = source.op_slices(task.options.slice_rows) if started is None else _resumed(started)
+            read = source.op_slices(fan_out_rows(task.options.slice_rows)) if started is None else _resumed(started)
             for raw in read:
                 _count_processes(census, raw)
                 for feed, pid, analysis in zip(feeds, owners, analyses, strict=True):

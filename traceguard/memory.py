@@ -24,7 +24,18 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   1,076 collections, 0.49 s. :func:`fewer_collections` raises gen 0's threshold for the analysis
   (5 collections, 0.07 s); the analysis builds no reference cycles worth collecting early.
 
-All three do nothing where glibc is absent (the heap calls) and change no result. The heap
+- **Polars' freed pages.** Polars allocates through its own jemalloc, which keeps a thread's
+  freed pages for ``dirty_decay_ms`` (the CLI sets 2 s) in that thread's arena, where no other
+  thread reuses them. A file of several ranks frees most of what its NVTX table and kernel
+  sequences took just as the ranks' read starts; the per-op NVTX shape's process then held
+  0.2-0.4 GB of such pages under the read's own peak (1.20-1.29 GB). No Polars API hands them
+  back, and jemalloc's ``mallctl`` is a local symbol of Polars' runtime library, so
+  :func:`release_polars_heap` finds it in that library's symbol table, checks that the function
+  it found is the one mapped (its bytes in memory are the file's) and that it answers as
+  jemalloc 5 does, and asks it to purge every arena's unused pages; where any of that fails
+  (another build, a stripped library) it does nothing.
+
+All of them do nothing where glibc (or Polars' jemalloc) is absent (the heap calls) and change no result. The heap
 settings are the process's own and stay: :func:`traceguard.mapreduce.map_input` sets them in
 every process that maps an input (pool and Dask workers, the service's analysis child, and the
 caller's own process under the ``serial`` scheduler or a run small enough to map in place), as
@@ -38,8 +49,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-from collections.abc import Iterator
+import mmap
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from functools import cache
+from pathlib import Path
 
 #: ``mallopt`` parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -84,6 +100,110 @@ def release_heap() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+#: jemalloc's "every arena" index in ``arena.<i>.purge`` (MALLCTL_ARENAS_ALL).
+_ALL_ARENAS = 4096
+#: The local symbol of Polars' jemalloc (built with the ``_rjem_`` prefix).
+_MALLCTL = b"_rjem_mallctl"
+_Mallctl = Callable[[bytes, object, object, object, int], int]
+
+
+def release_polars_heap() -> bool:
+    """Hand back the pages Polars' allocator keeps from what it freed (module docstring);
+    whether it could."""
+    mallctl = _polars_mallctl()
+    return mallctl is not None and mallctl(b"arena.%d.purge" % _ALL_ARENAS, None, None, None, 0) == 0
+
+
+@contextlib.contextmanager
+def polars_heap_released_every(seconds: float) -> Iterator[None]:
+    """Inside, :func:`release_polars_heap` every ``seconds`` on a thread of its own: for a
+    stretch where threads free what others will not reuse faster than jemalloc's decay hands it
+    back (the NVTX table's read beside the kernel sequences' of a file of several ranks)."""
+    if _polars_mallctl() is None:
+        yield
+        return
+    done = threading.Event()
+
+    def release() -> None:
+        while not done.wait(seconds):
+            release_polars_heap()
+
+    releaser = threading.Thread(target=release, name="traceguard-release", daemon=True)
+    releaser.start()
+    try:
+        yield
+    finally:
+        done.set()
+        releaser.join()
+
+
+@cache
+def _polars_mallctl() -> _Mallctl | None:
+    """jemalloc's ``mallctl`` inside the loaded Polars runtime, checked; None where not found."""
+    if sys.platform != "linux" or sys.byteorder != "little" or struct.calcsize("P") != 8:
+        return None
+    for path, base in _mapped_libraries():
+        if "polars" not in path.name:
+            continue
+        try:
+            found = _local_function(path, _MALLCTL)
+        except (OSError, ValueError, struct.error):
+            continue
+        if found is None:
+            continue
+        address, expected = found
+        if ctypes.string_at(base + address, len(expected)) != expected:
+            continue  # not the file mapped at this base: do not call it
+        mallctl = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+        )(base + address)
+        version, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
+        if mallctl(b"version", ctypes.byref(version), ctypes.byref(size), None, 0) == 0 and (
+            version.value or b""
+        ).startswith(b"5."):
+            return mallctl  # type: ignore[return-value]
+    return None
+
+
+def _mapped_libraries() -> Iterator[tuple[Path, int]]:
+    """Each shared library this process maps, with the address its first byte is mapped at."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and int(fields[2], 16) == 0 and ".so" in fields[5]:
+                yield Path(fields[5].strip()), int(fields[0].split("-")[0], 16)
+
+
+def _local_function(path: Path, name: bytes) -> tuple[int, bytes] | None:
+    """(address relative to the library's base, its first 16 bytes in the file) of the function
+    ``name`` in the ELF symbol table (``.symtab``, not only the exported ``.dynsym``) of ``path``;
+    None when the table or the name is not there."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as elf:
+        if elf[:6] != b"\x7fELF\x02\x01":  # 64-bit, little-endian
+            return None
+        (sections_at,) = struct.unpack_from("<Q", elf, 0x28)
+        entry_size, count = struct.unpack_from("<HH", elf, 0x3A)
+        # (type, flags, address, offset, size, link, info, align, entry size) per section
+        sections = [struct.unpack_from("<IQQQQIIQQ", elf, sections_at + k * entry_size + 4) for k in range(count)]
+        symtab = next((section for section in sections if section[0] == 2), None)  # SHT_SYMTAB
+        if symtab is None:
+            return None
+        strtab = sections[symtab[5]]
+        at = elf.find(b"\0" + name + b"\0", strtab[3], strtab[3] + strtab[4])
+        if at < 0:
+            return None
+        name_offset = at + 1 - strtab[3]
+        for k in range(symtab[4] // symtab[8]):
+            st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from(
+                "<IBBHQQ", elf, symtab[3] + k * symtab[8]
+            )
+            if st_name == name_offset and st_info & 0xF == 2 and 0 < st_shndx < count:  # STT_FUNC
+                section = sections[st_shndx]
+                in_file = st_value - section[2] + section[3]
+                return st_value, bytes(elf[in_file : in_file + 16])
+    return None
 
 
 @contextlib.contextmanager

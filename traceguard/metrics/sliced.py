@@ -984,19 +984,28 @@ def _second_pass_frame(
     if timed.height:
         bounds = (int(timed["start"].min()), int(timed["end"].max()), timed.height)  # type: ignore[arg-type]
     kind = pl.col("kind").to_physical()
-    compute = timed.filter((kind == _KERNEL) & ~pl.col("is_nccl").fill_null(False)).select(
-        pl.col("device").fill_null(-1).cast(pl.Int64), "start", "end"
+    # Lazily, so only the columns kept are filtered (not a copy of every spill column first).
+    compute = (
+        timed.lazy()
+        .filter((kind == _KERNEL) & ~pl.col("is_nccl").fill_null(False))
+        .select(pl.col("device").fill_null(-1).cast(pl.Int64), "start", "end")
+        .collect()
     )
     if not compute["start"].is_sorted():  # a kernel table is usually in start order already
         compute = compute.sort("start", maintain_order=True)
     low, high = compute["device"].min(), compute["device"].max()
     devices = [] if low is None else [low] if low == high else sorted(compute["device"].unique().to_list())
-    moved = timed.filter(kind.is_in(_COPY_CODES)).select("start", "end").sort("start", maintain_order=True)
+    moved = timed.lazy().filter(kind.is_in(_COPY_CODES)).select("start", "end").collect()
+    moved = moved.sort("start", maintain_order=True)
     row = window.select((pl.col("kind") == "graph").sum().alias("g"), launched.sum().alias("l")).row(0)
     bubble_rows = None
     if bubble:
-        in_steps = ops.filter(
-            pl.col("step_id").is_not_null() & (pl.col("kind") == "kernel") & ~pl.col("is_nccl").fill_null(False)
+        in_steps = (
+            ops.lazy()
+            .filter(pl.col("step_id").is_not_null() & (pl.col("kind") == "kernel"))
+            .filter(~pl.col("is_nccl").fill_null(False))
+            .select("step_id", "start", "end")
+            .collect()
         )
         bubble_rows = (_pack(in_steps["step_id"]), in_steps["start"].to_numpy(), in_steps["end"].to_numpy())
     busy_all = busy_launched = None
