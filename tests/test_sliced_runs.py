@@ -605,3 +605,65 @@ def test_no_window_is_known_before_the_read_where_graphs_launch_or_ranges_set_th
     assert sliced_module.known_window(capture(["cudaGraphLaunch_v10000"]), inferred, sequence, others) is None
     from_ranges = ResolvedSteps(steps, "pattern", {})
     assert sliced_module.known_window(capture(["sgemm"]), from_ranges, sequence, others) is None
+
+
+def _launch_passes_beside(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Hold the NVTX table's read until the kernel sequences are read whole, so that the launch
+    join's passes are handed to a thread of their own; the threads they ran on."""
+    monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
+    sequences_read = threading.Event()
+    threads: list[str] = []
+    read_while, small_capture = mapreduce._SequenceRead.read_while, SlicedNsys.small_capture
+    prepare_launches = SlicedNsys.prepare_launches
+
+    def spied_read_while(self: Any, going_on: Callable[[], bool]) -> None:
+        read_while(self, going_on)
+        if self.read_all:
+            sequences_read.set()
+
+    def held_small_capture(self: Any, **kwargs: Any) -> Any:
+        assert sequences_read.wait(60)
+        return small_capture(self, **kwargs)
+
+    def spied_prepare(self: Any, going_on: Callable[[], bool]) -> None:
+        threads.append(threading.current_thread().name)
+        prepare_launches(self, going_on)
+
+    monkeypatch.setattr(mapreduce._SequenceRead, "read_while", spied_read_while)
+    monkeypatch.setattr(SlicedNsys, "small_capture", held_small_capture)
+    monkeypatch.setattr(SlicedNsys, "prepare_launches", spied_prepare)
+    return threads
+
+
+def test_the_launch_passes_run_beside_the_steps_and_change_nothing(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the kernel sequences of a file of several ranks are read and its NVTX table is not,
+    the launch join's passes go on a thread of their own (on past that table, beside the ranks'
+    steps) and are stopped before the shared read: the report is the whole read's."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    threads = _launch_passes_beside(monkeypatch)
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert threads and all(name.startswith("traceguard-small") for name in threads)
+    assert threading.current_thread().name not in threads
+    assert sorted(sliced_ranks) == [0, 1]
+    assert _same(sliced) == _same(whole)
+
+
+def test_an_error_in_the_launch_passes_beside_the_steps_is_the_analysis_error(
+    unpacked: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The passes on their own thread read the file too: should that read fail, the input fails
+    with that error (raised where the passes are stopped), not with another."""
+    inputs = [str(unpacked(PUBLIC / "nsys-sqlite" / "GindaChen__nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite.gz"))]
+    threads = _launch_passes_beside(monkeypatch)
+
+    def failing(self: Any, going_on: Callable[[], bool]) -> None:
+        threads.append(threading.current_thread().name)
+        raise InputError("the API tables could not be read")
+
+    monkeypatch.setattr(SlicedNsys, "prepare_launches", failing)
+    with pytest.raises(NoUsableInputError, match="API tables could not be read"):
+        pipeline.analyze(inputs, scheduler="serial", sliced_above=0)
+    assert threads and threads[0].startswith("traceguard-small")

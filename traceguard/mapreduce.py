@@ -109,8 +109,10 @@ SLICE_ROWS = 1_000_000
 
 
 #: How often Polars' freed pages are handed back while a file's NVTX table is read beside its
-#: kernel sequences (:func:`traceguard.memory.polars_heap_released_every`).
-RELEASE_EVERY_S = 0.1
+#: kernel sequences (:func:`traceguard.memory.polars_heap_released_every`). The per-op NVTX
+#: shape: 0.1 s and 0.3 s both peak at 0.97-1.0 GB (1.03-1.06 GB without), 0.3 s with fewer
+#: pages faulted in again (0.76 M against 0.93 M faults).
+RELEASE_EVERY_S = 0.3
 
 
 def fan_out_rows(slice_rows: int) -> int:
@@ -473,7 +475,11 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
     from traceguard.metrics.sliced import analyse_rank_sliced
 
     spec, record, options = task.spec, outcome.record, task.options
-    with open_sliced(path, shown=str(spec.path)) as source, ThreadPoolExecutor(1, "traceguard-small") as pool:
+    with (
+        open_sliced(path, shown=str(spec.path)) as source,
+        ThreadPoolExecutor(2, "traceguard-small") as pool,
+        _LaunchPasses() as launch_passes,  # stopped before the pool waits for them, on any exit
+    ):
         several = source.processes_at_start() > 1
         # The first slice plans the ranks, then starts the first rank's first read (not read twice).
         # It needs nothing of the small capture, which runs on a thread meanwhile: where that read
@@ -498,7 +504,11 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
                 busy = pending
                 with polars_heap_released_every(RELEASE_EVERY_S):
                     early.read_while(lambda: not busy.done())
-                    source.prepare_launches(lambda: not busy.done())
+                    if early.read_all and not busy.done():
+                        # The launch join's passes on a thread of their own, on past the NVTX
+                        # read, beside the ranks' steps: on this thread they ran 0.25-0.3 s past
+                        # it (the per-op NVTX shape).
+                        launch_passes.start(pool, source)
                     busy.result()
             small = with_rank_hint(pending.result() if pending is not None else reading())
             pending = busy = None  # the future no longer holds the capture (its ranges are let go below)
@@ -536,6 +546,8 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
         # Every process's kernel sequence in one read without launches, not one read per rank.
         sequences = others = None
         if early is not None:
+            if len(pids) <= 1:
+                launch_passes.stop()  # the sequences may be read again (_SequenceRead.finish)
             sequences, others = early.finish(len(pids) > 1)
         elif needs_sequence:
             sequences = _kernel_sequences(source, options.slice_rows, len(pids) > 1)
@@ -572,6 +584,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             resolved = [steps for steps, _known in found]
             known = [window for _steps, window in found]
             sequences = others = found = None
+            launch_passes.stop()  # the file is read again from here on
             fanned = (
                 _fan_out(task, source, parts, owners, resolved, known, census, started) if len(parts) > 1 else None
             )
@@ -719,12 +732,15 @@ class _SequenceRead:
         #: :func:`traceguard.metrics.sliced.known_window` reads beside the kernel sequence);
         #: None once a graph execution was read (pass 2 then waits for pass 1).
         self._others: list[dict[Any, _Packed]] | None = []
+        #: Whether every block was read (the file is not read again until :meth:`finish`).
+        self.read_all = False
 
     def read_while(self, going_on: Callable[[], bool]) -> None:
         """Read and narrow blocks while ``going_on()`` (asked before each block is taken)."""
         while going_on():
             raw = next(self._blocks, None)
             if raw is None:
+                self.read_all = True
                 return
             self._take(raw)
             del raw
@@ -772,6 +788,34 @@ class _SequenceRead:
         self._blocks.close()
         self._by_pid = []
         self._others = None
+
+
+class _LaunchPasses:
+    """The launch join's passes over the API tables (``SlicedNsys.prepare_launches``) made on a
+    thread of their own while the file is otherwise not read: started once the kernel sequences
+    are read, they go on while the NVTX read ends and the ranks' steps are found. :meth:`stop`
+    before the file is read again: they stop at their next table (what is left is made when the
+    read needs it) and are waited for; a context manager that stops them on exit."""
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+        self._running: Future[None] | None = None
+
+    def start(self, pool: ThreadPoolExecutor, source: Any) -> None:
+        self._running = pool.submit(source.prepare_launches, lambda: not self._stopping.is_set())
+
+    def stop(self) -> None:
+        """Stop them and wait; their error (the file unreadable), if any, is raised here."""
+        self._stopping.set()
+        running, self._running = self._running, None
+        if running is not None:
+            running.result()
+
+    def __enter__(self) -> _LaunchPasses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()  # the pool waits for them next; an error then is the one raised
 
 
 def _drained(frames: list[_Item]) -> Iterator[_Item]:

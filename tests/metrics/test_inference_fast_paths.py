@@ -103,3 +103,42 @@ def test_the_busiest_device_is_the_group_by_s(devices: list[int | None], shuffle
         schema={"pid": pl.Int32, "device": pl.Int32, "start": pl.Int64},
     )
     assert si._busiest_device(kernels).equals(_busiest_by_group_by(kernels))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 2)), st.one_of(st.none(), st.integers(0, 4))), max_size=40),
+    st.booleans(),
+    st.integers(1, 12),
+)
+def test_the_names_searched_are_the_sequences_prefix(
+    rows: list[tuple[int | None, int | None]], shuffled: bool, prefix: int
+) -> None:
+    """``_searched_names`` reads the kernels column by column: what it gives is the prefix of the
+    sequence ``_busiest_device`` builds whole, and it gives nothing only where that sequence had
+    to be sorted."""
+    starts = list(range(len(rows)))
+    kernels = pl.DataFrame(
+        {
+            "pid": [7] * len(rows),
+            "device": [device for device, _name in rows],
+            "start": starts[::-1] if shuffled else starts,
+            "end": [start + 1 for start in starts],
+            "name_id": [name for _device, name in rows],
+        },
+        schema={"pid": pl.Int32, "device": pl.Int32, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int32},
+    )
+    original = si.SEARCH_PREFIX
+    si.SEARCH_PREFIX = prefix
+    try:
+        searched = si._searched_names(kernels.lazy())
+    finally:
+        si.SEARCH_PREFIX = original
+    several, device = si._busiest(kernels["device"])
+    chosen = kernels.filter(si._on(device)) if several else kernels
+    if not chosen["start"].is_sorted():
+        assert searched is None
+        return
+    sequence = si._busiest_device(kernels)
+    assert searched is not None
+    assert searched.tolist() == sequence["name_id"].fill_null(-1).head(prefix).to_list()

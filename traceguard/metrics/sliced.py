@@ -1010,7 +1010,7 @@ def _second_pass_frame(
         bubble_rows = (_pack(in_steps["step_id"]), in_steps["start"].to_numpy(), in_steps["end"].to_numpy())
     busy_all = busy_launched = None
     if busy:
-        by_graph = timed.filter(launched)
+        by_graph = timed.lazy().filter(launched).select("device", "start", "end").collect()
         busy_all = (_pack(timed["device"]), timed["start"].to_numpy(), timed["end"].to_numpy())
         busy_launched = (_pack(by_graph["device"]), by_graph["start"].to_numpy(), by_graph["end"].to_numpy())
     return _Pass2Slice(
