@@ -85,5 +85,13 @@ def test_a_library_without_the_symbol_or_not_elf_is_not_used(tmp_path: Path) -> 
     not_elf = tmp_path / "libnot.so"
     not_elf.write_bytes(b"not an ELF file at all" * 10)
     assert memory._local_function(not_elf, b"_rjem_mallctl") is None
-    libc = next(path for path, _base in memory._mapped_libraries() if path.name.startswith("libc.so"))
+    libc = next(path for path in memory._mapped_libraries() if path.name.startswith("libc.so"))
     assert memory._local_function(libc, b"_rjem_mallctl_no_such_function") is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/maps")
+def test_a_mapped_librarys_base_lies_in_its_own_mappings() -> None:
+    libraries = memory._mapped_libraries()
+    assert any(path.name.startswith("libc.so") for path in libraries)
+    for base, spans in libraries.values():
+        assert any(lo <= base < hi for lo, hi in spans)

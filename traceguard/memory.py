@@ -39,7 +39,7 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   again (0.51 → 0.77 M page faults, about 0.5 s of system time on two cores), so the one-rank
   shapes, whose peaks are far below 1 GB, do not pay for it.
 
-All of them do nothing where glibc (or Polars' jemalloc) is absent (the heap calls) and change no result. The heap
+All of them do nothing where glibc (or Polars' jemalloc) is absent and change no result. The heap
 settings are the process's own and stay: :func:`traceguard.mapreduce.map_input` sets them in
 every process that maps an input (pool and Dask workers, the service's analysis child, and the
 caller's own process under the ``serial`` scheduler or a run small enough to map in place), as
@@ -148,7 +148,7 @@ def _polars_mallctl() -> _Mallctl | None:
     """jemalloc's ``mallctl`` inside the loaded Polars runtime, checked; None where not found."""
     if sys.platform != "linux" or sys.byteorder != "little" or struct.calcsize("P") != 8:
         return None
-    for path, base in _mapped_libraries():
+    for path, (base, spans) in _mapped_libraries().items():
         if "polars" not in path.name:
             continue
         try:
@@ -158,11 +158,14 @@ def _polars_mallctl() -> _Mallctl | None:
         if found is None:
             continue
         address, expected = found
-        if ctypes.string_at(base + address, len(expected)) != expected:
+        at = base + address
+        if not any(lo <= at and at + len(expected) <= hi for lo, hi in spans):
+            continue  # not inside the library's own mappings: not read, not called
+        if ctypes.string_at(at, len(expected)) != expected:
             continue  # not the file mapped at this base: do not call it
         mallctl = ctypes.CFUNCTYPE(
             ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
-        )(base + address)
+        )(at)
         version, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
         if mallctl(b"version", ctypes.byref(version), ctypes.byref(size), None, 0) == 0 and (
             version.value or b""
@@ -171,13 +174,22 @@ def _polars_mallctl() -> _Mallctl | None:
     return None
 
 
-def _mapped_libraries() -> Iterator[tuple[Path, int]]:
-    """Each shared library this process maps, with the address its first byte is mapped at."""
+def _mapped_libraries() -> dict[Path, tuple[int, list[tuple[int, int]]]]:
+    """Each shared library this process maps: the address its first byte is mapped at, and every
+    address range it is mapped in."""
+    spans: dict[Path, list[tuple[int, int]]] = {}
+    bases: dict[Path, int] = {}
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and int(fields[2], 16) == 0 and ".so" in fields[5]:
-                yield Path(fields[5].strip()), int(fields[0].split("-")[0], 16)
+            if len(fields) < 6 or ".so" not in fields[5]:
+                continue
+            path = Path(fields[5].strip())
+            lo, hi = (int(value, 16) for value in fields[0].split("-"))
+            spans.setdefault(path, []).append((lo, hi))
+            if int(fields[2], 16) == 0:
+                bases.setdefault(path, lo)
+    return {path: (base, spans[path]) for path, base in bases.items()}
 
 
 def _local_function(path: Path, name: bytes) -> tuple[int, bytes] | None:

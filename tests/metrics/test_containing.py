@@ -90,24 +90,18 @@ def test_intervals_alone_in_their_group_are_searched_by_comparison_as_by_search(
         assert few.dtype == pl.Int32 and few.len() == frame.height
         if searched is not None:
             assert few.to_list() == searched
-        want = [
-            next(
-                (
-                    rid
-                    for key, step, start, end, rid in rows
-                    if start <= (p if p is not None else -99) <= end
-                    and all(
-                        value is not None and value == (key if column == "pid" else step)
-                        for column, value in zip(["pid", "step_id"], [pid, step_id], strict=True)
-                        if column in groups
-                    )
-                    and p is not None
-                ),
-                None,
-            )
-            for pid, step_id, p in points
-        ]
-        assert few.to_list() == want
+
+        def brute_force(pid: int | None, step_id: int | None, p: int | None) -> int | None:
+            """The interval of the point's group that holds it, by reading the rule."""
+            point = {"pid": pid, "step_id": step_id}
+            for key, step, start, end, rid in rows:
+                interval = {"pid": key, "step_id": step}
+                same_group = all(point[c] is not None and point[c] == interval[c] for c in groups)
+                if p is not None and same_group and start <= p <= end:
+                    return rid
+            return None
+
+        assert few.to_list() == [brute_force(*point) for point in points]
 
 
 @pytest.mark.parametrize("seed", range(10))

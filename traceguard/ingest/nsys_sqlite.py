@@ -918,8 +918,9 @@ class _Reader:
         yet conformed: :func:`conform_ops`). ``where`` maps a table to the rows to read (SQL
         ``WHERE`` clause or :class:`Rows`; a table not named: every row). ``sequence_only``:
         only what step inference reads of an op (process, device, kind, start, end, name: the
-        same values), the other columns left out (null once conformed): the per-op NVTX shape's 13.2 M ops read in
-        2.4-2.7 s instead of 3.3-3.5 s, the correlation ids, bytes and memory kinds not decoded."""
+        same values), the other columns left out (null once conformed): the per-op NVTX shape's
+        13.2 M ops read in 2.4-2.7 s instead of 3.3-3.5 s, the correlation ids, bytes and memory
+        kinds not decoded."""
         where = where or {}
         keyed = not sequence_only
         frames: list[pl.DataFrame] = []
