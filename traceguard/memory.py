@@ -54,6 +54,7 @@ import ctypes
 import ctypes.util
 import gc
 import mmap
+import os
 import struct
 import sys
 import threading
@@ -145,24 +146,32 @@ def polars_heap_released_every(seconds: float) -> Iterator[None]:
 
 @cache
 def _polars_mallctl() -> _Mallctl | None:
-    """jemalloc's ``mallctl`` inside the loaded Polars runtime, checked; None where not found."""
+    """jemalloc's ``mallctl`` inside the loaded Polars runtime, checked; None where not found.
+
+    The library's load address is its exported module entry's address (``dlsym``) less that
+    entry's address in the file, not read off ``/proc/self/maps``: the file may be mapped again
+    elsewhere (a reader's ``mmap`` of it, as a test suite's process held)."""
     if sys.platform != "linux" or sys.byteorder != "little" or struct.calcsize("P") != 8:
         return None
-    for path, (base, spans) in _mapped_libraries().items():
+    for path, spans in _mapped_libraries().items():
         if "polars" not in path.name:
             continue
+        entry = b"PyInit_" + path.name.split(".")[0].encode()
         try:
-            found = _local_function(path, _MALLCTL)
-        except (OSError, ValueError, struct.error):
+            # Loaded already (RTLD_NOLOAD): the same handle, nothing loaded or run.
+            library = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            found = _local_functions(path, (_MALLCTL, entry))
+            entry_at = ctypes.cast(getattr(library, entry.decode()), ctypes.c_void_p).value
+        except (OSError, AttributeError, ValueError, struct.error):
             continue
-        if found is None:
+        if entry_at is None or _MALLCTL not in found or entry not in found:
             continue
-        address, expected = found
-        at = base + address
+        address, expected = found[_MALLCTL]
+        at = entry_at - found[entry][0] + address
         if not any(lo <= at and at + len(expected) <= hi for lo, hi in spans):
             continue  # not inside the library's own mappings: not read, not called
         if ctypes.string_at(at, len(expected)) != expected:
-            continue  # not the file mapped at this base: do not call it
+            continue  # not the file's function: do not call it
         mallctl = ctypes.CFUNCTYPE(
             ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
         )(at)
@@ -174,52 +183,51 @@ def _polars_mallctl() -> _Mallctl | None:
     return None
 
 
-def _mapped_libraries() -> dict[Path, tuple[int, list[tuple[int, int]]]]:
-    """Each shared library this process maps: the address its first byte is mapped at, and every
-    address range it is mapped in."""
+def _mapped_libraries() -> dict[Path, list[tuple[int, int]]]:
+    """Each shared library file this process maps, with every address range it is mapped in."""
     spans: dict[Path, list[tuple[int, int]]] = {}
-    bases: dict[Path, int] = {}
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             if len(fields) < 6 or ".so" not in fields[5]:
                 continue
-            path = Path(fields[5].strip())
             lo, hi = (int(value, 16) for value in fields[0].split("-"))
-            spans.setdefault(path, []).append((lo, hi))
-            if int(fields[2], 16) == 0:
-                bases.setdefault(path, lo)
-    return {path: (base, spans[path]) for path, base in bases.items()}
+            spans.setdefault(Path(fields[5].strip()), []).append((lo, hi))
+    return spans
 
 
-def _local_function(path: Path, name: bytes) -> tuple[int, bytes] | None:
-    """(address relative to the library's base, its first 16 bytes in the file) of the function
-    ``name`` in the ELF symbol table (``.symtab``, not only the exported ``.dynsym``) of ``path``;
-    None when the table or the name is not there."""
+def _local_functions(path: Path, names: tuple[bytes, ...]) -> dict[bytes, tuple[int, bytes]]:
+    """Per function of ``names`` found in the ELF symbol table (``.symtab``, not only the exported
+    ``.dynsym``) of ``path``: its address in the library's image and its first 16 bytes in the
+    file. Empty when the file is no 64-bit little-endian ELF or has no symbol table."""
+    found: dict[bytes, tuple[int, bytes]] = {}
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as elf:
-        if elf[:6] != b"\x7fELF\x02\x01":  # 64-bit, little-endian
-            return None
+        if elf[:6] != b"\x7fELF\x02\x01":
+            return found
         (sections_at,) = struct.unpack_from("<Q", elf, 0x28)
         entry_size, count = struct.unpack_from("<HH", elf, 0x3A)
         # (type, flags, address, offset, size, link, info, align, entry size) per section
         sections = [struct.unpack_from("<IQQQQIIQQ", elf, sections_at + k * entry_size + 4) for k in range(count)]
         symtab = next((section for section in sections if section[0] == 2), None)  # SHT_SYMTAB
         if symtab is None:
-            return None
+            return found
         strtab = sections[symtab[5]]
-        at = elf.find(b"\0" + name + b"\0", strtab[3], strtab[3] + strtab[4])
-        if at < 0:
-            return None
-        name_offset = at + 1 - strtab[3]
-        for k in range(symtab[4] // symtab[8]):
+        wanted: dict[int, bytes] = {}
+        for name in names:
+            at = elf.find(b"\0" + name + b"\0", strtab[3], strtab[3] + strtab[4])
+            if at >= 0:
+                wanted[at + 1 - strtab[3]] = name
+        for k in range(symtab[4] // symtab[8] if wanted else 0):
             st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from(
                 "<IBBHQQ", elf, symtab[3] + k * symtab[8]
             )
-            if st_name == name_offset and st_info & 0xF == 2 and 0 < st_shndx < count:  # STT_FUNC
+            if st_name in wanted and st_info & 0xF == 2 and 0 < st_shndx < count:  # STT_FUNC
                 section = sections[st_shndx]
                 in_file = st_value - section[2] + section[3]
-                return st_value, bytes(elf[in_file : in_file + 16])
-    return None
+                found[wanted[st_name]] = (st_value, bytes(elf[in_file : in_file + 16]))
+                if len(found) == len(wanted):
+                    break
+    return found
 
 
 @contextlib.contextmanager
