@@ -120,8 +120,8 @@ def fan_out_rows(slice_rows: int) -> int:
     three quarters of a slice. That read holds one block while each rank analyses its part of
     the one before and has its part of the next queued: three blocks in flight, where a rank
     reading alone holds two (its slice and the one read ahead). On the per-op NVTX shape the
-    read's level fell from 1.05-1.10 GB to 0.93-0.97 GB in the same time; half a slice held
-    0.83-0.88 GB but took 0.4-1.0 s longer."""
+    read's level fell from 1.0-1.07 GB to 0.93-0.98 GB in the same time; half a slice held
+    0.83-0.88 GB but took 0.2-1.0 s longer (bench/README.md, twentieth pass)."""
     return max(slice_rows * 3 // 4, 1)
 
 
