@@ -135,6 +135,21 @@ def test_ranges_and_filters_on_a_deep_tree_are_sqlite_s(deep: Path, cuts: list[i
     _read_deep_as_sqlite_does(deep, rows)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    values=st.lists(
+        st.sampled_from((-(1 << 63), (1 << 63) - 1, 0, 1, -1, 127, -128, 1 << 40, -(1 << 47))) | st.integers(-200, 200),
+        min_size=1,
+        max_size=6,
+        unique=True,
+    )
+)
+def test_value_filters_of_any_span_are_sqlite_s(deep: Path, values: list[int]) -> None:
+    """A filter whose values span less than 64 is tested by one bit, a wider one by a binary
+    search: both keep SQLite's rows, on a column holding the extremes of int64."""
+    _read_deep_as_sqlite_does(deep, Rows(None, "a", tuple(sorted(values))))
+
+
 def _read_deep_as_sqlite_does(deep: Path, rows: Rows) -> pl.DataFrame:
     """``rows`` of the deep tree's table by the b-tree reader, asserted equal to SQLite's."""
     reader = _reader(deep)
@@ -161,6 +176,47 @@ def test_a_ranged_read_sized_from_its_ranges_is_sqlite_s(deep: Path, spans: tupl
     read = _read_deep_as_sqlite_does(deep, Rows(spans))
     # The deep table's rowids are 3 i + i % 7 for i < 300,000 (its fixture): every one in a range is read.
     assert read.height == sum(1 for i in range(300_000) if any(lo <= 3 * i + i % 7 < hi for lo, hi in spans))
+
+
+#: The integers around each size SQLite stores one in (1, 2, 3, 4, 6 and 8 bytes, two's
+#: complement, big-endian): each side of every boundary, and the extremes.
+_SIZE_EDGES = sorted(
+    {
+        edge + step
+        for bits in (8, 16, 24, 32, 48, 64)
+        for edge in (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+        for step in (-1, 0, 1)
+        if -(1 << 63) <= edge + step < (1 << 63)
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    values=st.lists(
+        st.sampled_from(_SIZE_EDGES) | st.integers(-(1 << 63), (1 << 63) - 1) | st.none(), min_size=1, max_size=200
+    )
+)
+def test_integers_of_every_stored_size_are_sqlite_s(tmp_path_factory: pytest.TempPathFactory, values: list) -> None:
+    """Every integer SQLite can store, whatever its size in the record (the reader decodes each
+    size by whole loads: a sign or byte-order slip would show at a size's edge), reads as SQLite
+    reads it; nulls stay null."""
+    db = tmp_path_factory.mktemp("sizes") / "sizes.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (a INTEGER, b INTEGER)")
+    conn.executemany(
+        "INSERT INTO t (a, b) VALUES (?, ?)", ((v, None if v is None else -v if v > -(1 << 63) else 0) for v in values)
+    )
+    conn.commit()
+    conn.close()
+    reader = _reader(db)
+    try:
+        read = _read(reader, "t", ["rowid", "a", "b"], Rows())
+    finally:
+        reader.close()
+    assert read is not None
+    assert read.equals(_sqlite(db, "t", ["rowid", "a", "b"], Rows()))
+    assert read["a"].to_list() == values
 
 
 def _made(tmp_path: Path, *statements: str) -> Path:

@@ -663,14 +663,19 @@ typedef struct {
     int decided_by; /* the last column that decides whether a row is kept (filter, skip, count): -1 none */
     char kinds[MAX_COLUMNS]; /* per wanted column: 'i', 't', 'b' or 'n' (table(), at the top) */
     int filter_column; const int64_t *filter; Py_ssize_t n_filter;
+    /* The filter as a bit per value where its values span less than 64 (NVTX event types, a
+       file's launch names): one test, not a binary search, a row. */
+    int filter_small; int64_t filter_base; uint64_t filter_bits;
     /* Rows whose skip_column holds text starting with skip_prefix are not stored but counted, per
        value of count_column (-1: in all): table()'s folding of per-op NVTX ranges. */
     int skip_column; const uint8_t *skip_prefix; Py_ssize_t skip_len; int count_column;
     int skip_operators; /* 1: also the other texts PyTorch writes for an operator (tree_operator_text) */
     int64_t skip_keys[MAX_SKIP_KEYS], skip_counts[MAX_SKIP_KEYS];
+    /* Per key's low byte, 1 + the index of the key last seen with it (0: none): rows of a few
+       threads interleave, and a search from the first key at each change cost 3 % of the read. */
+    uint16_t skip_hint[256];
     int n_skip_keys, last_skip_key;
     int64_t skip_null; /* skipped rows whose count_column is NULL (or all of them: no count_column) */
-    uint8_t read_here[MAX_COLUMNS]; /* per record column: read (wanted, filtered, skipped or counted) */
     int64_t last_rowid; int any_rowid;
     Scan *scan;
     int unsupported; /* 1: give up (the caller reads through SQLite) */
@@ -730,9 +735,39 @@ static const uint8_t TREE_TYPE_SIZE[128] = {
     50, 50, 51, 51, 52, 52, 53, 53, 54, 54, 55, 55, 56, 56, 57, 57,
 };
 
+/* A big-endian two's-complement integer of n bytes (the record format's 1, 2, 3, 4, 6 or 8), read
+   by whole loads: a byte loop with a trip count that changed from value to value was a fifth of
+   the reader's time (the per-op NVTX shape's tables). */
 static inline int64_t tree_int(const uint8_t *p, int n) {
+#if defined(__GNUC__)
+    uint64_t u;
+    switch (n) {
+    case 1:
+        return (int8_t)p[0];
+    case 2:
+        return (int16_t)(((uint16_t)p[0] << 8) | p[1]);
+    case 4: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return (int32_t)__builtin_bswap32(v);
+    }
+    case 8:
+        memcpy(&u, p, 8);
+        return (int64_t)__builtin_bswap64(u);
+    case 6: {
+        uint32_t high;
+        uint16_t low;
+        memcpy(&high, p, 4);
+        memcpy(&low, p + 4, 2);
+        u = ((uint64_t)(int64_t)(int32_t)__builtin_bswap32(high) << 16) | __builtin_bswap16(low);
+        return (int64_t)u;
+    }
+    default:
+        break;
+    }
+#endif
     int64_t v = (int8_t)p[0];
-    for (int i = 1; i < n; i++) v = (v << 8) | p[i];
+    for (int i = 1; i < n; i++) v = (int64_t)(((uint64_t)v << 8) | p[i]);
     return v;
 }
 
@@ -757,6 +792,10 @@ static inline int tree_wanted_rowid(Tree *t, int64_t rowid) {
 }
 
 static int tree_in_filter(const Tree *t, int64_t v) {
+    if (t->filter_small) { /* v - base in unsigned arithmetic: a v below base wraps far past 63 */
+        uint64_t at = (uint64_t)v - (uint64_t)t->filter_base;
+        return at < 64 && ((t->filter_bits >> at) & 1);
+    }
     Py_ssize_t lo = 0, hi = t->n_filter;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
@@ -840,8 +879,13 @@ static int tree_decide(Tree *t, const uint8_t *record, uint64_t local, const uin
             int64_t key = kt == 8 ? 0 : kt == 9 ? 1 : tree_int(record + offsets[k], (int)VALUE_SIZE(kt));
             int at = t->last_skip_key; /* rows of one thread come in runs: try the last key first */
             if (at >= t->n_skip_keys || t->skip_keys[at] != key) {
-                for (at = 0; at < t->n_skip_keys && t->skip_keys[at] != key; at++) {
+                uint16_t *hint = &t->skip_hint[(uint64_t)key & 0xFF];
+                at = *hint ? *hint - 1 : 0;
+                if (at >= t->n_skip_keys || t->skip_keys[at] != key) {
+                    for (at = 0; at < t->n_skip_keys && t->skip_keys[at] != key; at++) {
+                    }
                 }
+                if (at < MAX_SKIP_KEYS) *hint = (uint16_t)(at + 1);
                 if (at == t->n_skip_keys) {
                     if (at == MAX_SKIP_KEYS) {
                         t->unsupported = 1;
@@ -894,7 +938,6 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
     const uint8_t *h = record + k, *h_end = record + header_len;
     uint64_t body = header_len; /* the next value's offset in the payload */
     uint64_t types[MAX_COLUMNS], offsets[MAX_COLUMNS];
-    const uint8_t *read_here = t->read_here;
     int reached = 0; /* the record's columns parsed (a record may end before the table's last) */
     /* The header is parsed as far as the columns that decide whether the row is kept (filtered
        or skipped), then, for a row kept, on to the last column wanted: a folded per-op NVTX
@@ -913,29 +956,19 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
                 if (!k) return -1;
                 h += k;
                 size = (type - 12) / 2; /* two bytes or more: 128 and up, text or bytes */
+                if (body > payload || size > payload - body) return -1; /* before a huge size wraps the sum */
             }
-            if (size > payload - body) return -1;
-            if (read_here[reached]) {
-                types[reached] = type;
-                offsets[reached] = body;
-            }
+            /* Stored for every column parsed (a branch per column cost more than the stores). */
+            types[reached] = type;
+            offsets[reached] = body;
             body += size;
         }
+        /* Sizes are never negative: the values overrun the payload iff their sum does (one check,
+           not one a column; a one-byte type's size is at most 57, so the sum cannot wrap). */
+        if (body > payload) return -1;
         if (phase == 0) {
             int decided = tree_decide(t, record, local, types, offsets, reached);
             if (decided <= 0) return decided; /* not kept (0), or given up (-1) */
-        }
-    }
-    /* Every value to store is checked before any is: a row is stored whole or not at all. */
-    for (int w = 0; w < t->n_wanted; w++) {
-        int c = t->wanted[w];
-        char kind = t->kinds[w];
-        if (c < 0 || c >= reached || kind == 'n' || types[c] == 0) continue;
-        uint64_t type = types[c];
-        int ok = kind == 'i' ? IS_INT(type) : type >= 12; /* text and blobs: bytes as they are */
-        if (!ok || offsets[c] + VALUE_SIZE(type) > local) {
-            t->unsupported = 1; /* SQLite's CAST rules, or a value on an overflow page */
-            return -1;
         }
     }
     Scan *s = t->scan;
@@ -943,11 +976,22 @@ static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
         s->out_of_memory = 1;
         return -1;
     }
+    /* Each value is checked as it is stored, in one pass: a value that cannot be read here gives
+       the whole read up (the caller reads the table through SQLite), so a row left half stored
+       is never used. */
     Py_ssize_t r = s->rows;
     for (int w = 0; w < t->n_wanted; w++) {
         int c = t->wanted[w];
         char kind = t->kinds[w];
         int null = c >= 0 && (c >= reached || types[c] == 0); /* past the record's end: NULL too */
+        if (c >= 0 && !null && kind != 'n') {
+            uint64_t type = types[c];
+            int ok = kind == 'i' ? IS_INT(type) : type >= 12; /* text and blobs: bytes as they are */
+            if (!ok || offsets[c] + VALUE_SIZE(type) > local) {
+                t->unsupported = 1; /* SQLite's CAST rules, or a value on an overflow page */
+                return -1;
+            }
+        }
         if (c < 0) {
             s->values[w][r] = rowid;
         } else if (kind == 'n') {
@@ -1169,18 +1213,18 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     t.ranges = ranges;
     t.n_ranges = n_ranges;
     t.filter_column = filter_column;
-    for (int w = 0; w < t.n_wanted; w++)
-        if (wanted[w] >= 0) t.read_here[wanted[w]] = 1;
-    if (filter_column >= 0) t.read_here[filter_column] = 1;
     t.skip_column = skip_column;
     t.skip_prefix = (const uint8_t *)skip_prefix;
     t.skip_len = skip_len;
     t.skip_operators = skip_column >= 0 && skip_operators;
     t.count_column = skip_column >= 0 ? count_column : -1;
-    if (skip_column >= 0) t.read_here[skip_column] = 1;
-    if (t.count_column >= 0) t.read_here[t.count_column] = 1;
     t.filter = filter;
     t.n_filter = n_filter;
+    /* Sorted (the binary search's order): the span is the last value less the first. */
+    t.filter_small = n_filter > 0 && (uint64_t)filter[n_filter - 1] - (uint64_t)filter[0] < 64;
+    t.filter_base = n_filter > 0 ? filter[0] : 0;
+    for (Py_ssize_t i = 0; i < n_filter && t.filter_small; i++)
+        t.filter_bits |= (uint64_t)1 << ((uint64_t)filter[i] - (uint64_t)t.filter_base);
     t.scan = &s;
     int gave_up = 0, os_error = 0, os_errno = 0;
     Py_BEGIN_ALLOW_THREADS
