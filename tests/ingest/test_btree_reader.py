@@ -145,8 +145,8 @@ def test_ranges_and_filters_on_a_deep_tree_are_sqlite_s(deep: Path, cuts: list[i
     )
 )
 def test_value_filters_of_any_span_are_sqlite_s(deep: Path, values: list[int]) -> None:
-    """A filter whose values span less than 64 is tested by one bit, a wider one by a binary
-    search: both keep SQLite's rows, on a column holding the extremes of int64."""
+    """A filter whose values span less than 65,536 is tested by one bit, a wider one by a
+    binary search: both keep SQLite's rows, on a column holding the extremes of int64."""
     _read_deep_as_sqlite_does(deep, Rows(None, "a", tuple(sorted(values))))
 
 

@@ -645,6 +645,7 @@ fail_args:
 #define MAX_SKIP_KEYS 4096 /* distinct count_column values of skipped rows (threads): more gives way */
 #define TREE_DEPTH 20
 #define TREE_AHEAD_AFTER 4 /* pages in file order before reading ahead */
+#define FILTER_SPAN (1 << 16) /* values a filter's bits cover at most (8 kB) */
 
 typedef struct {
     int fd;
@@ -663,9 +664,9 @@ typedef struct {
     int decided_by; /* the last column that decides whether a row is kept (filter, skip, count): -1 none */
     char kinds[MAX_COLUMNS]; /* per wanted column: 'i', 't', 'b' or 'n' (table(), at the top) */
     int filter_column; const int64_t *filter; Py_ssize_t n_filter;
-    /* The filter as a bit per value where its values span less than 64 (NVTX event types, a
-       file's launch names): one test, not a binary search, a row. */
-    int filter_small; int64_t filter_base; uint64_t filter_bits;
+    /* The filter as a bit per value from its lowest where its values span less than
+       FILTER_SPAN (NVTX event types, a file's launch names): one test a row, not a search. */
+    int filter_dense; int64_t filter_base; uint64_t filter_bits[FILTER_SPAN / 64];
     /* Rows whose skip_column holds text starting with skip_prefix are not stored but counted, per
        value of count_column (-1: in all): table()'s folding of per-op NVTX ranges. */
     int skip_column; const uint8_t *skip_prefix; Py_ssize_t skip_len; int count_column;
@@ -746,6 +747,8 @@ static inline int64_t tree_int(const uint8_t *p, int n) {
         return (int8_t)p[0];
     case 2:
         return (int16_t)(((uint16_t)p[0] << 8) | p[1]);
+    case 3: /* the top byte's sign carried by the int8 cast, the rest unsigned */
+        return (int64_t)(((uint64_t)(int64_t)(int8_t)p[0] << 16) | ((uint64_t)p[1] << 8) | p[2]);
     case 4: {
         uint32_t v;
         memcpy(&v, p, 4);
@@ -792,9 +795,9 @@ static inline int tree_wanted_rowid(Tree *t, int64_t rowid) {
 }
 
 static int tree_in_filter(const Tree *t, int64_t v) {
-    if (t->filter_small) { /* v - base in unsigned arithmetic: a v below base wraps far past 63 */
+    if (t->filter_dense) { /* v - base in unsigned arithmetic: a v below base wraps past the span */
         uint64_t at = (uint64_t)v - (uint64_t)t->filter_base;
-        return at < 64 && ((t->filter_bits >> at) & 1);
+        return at < FILTER_SPAN && ((t->filter_bits[at >> 6] >> (at & 63)) & 1);
     }
     Py_ssize_t lo = 0, hi = t->n_filter;
     while (lo < hi) {
@@ -1221,10 +1224,12 @@ static PyObject *table_scan(PyObject *module, PyObject *args) {
     t.filter = filter;
     t.n_filter = n_filter;
     /* Sorted (the binary search's order): the span is the last value less the first. */
-    t.filter_small = n_filter > 0 && (uint64_t)filter[n_filter - 1] - (uint64_t)filter[0] < 64;
+    t.filter_dense = n_filter > 0 && (uint64_t)filter[n_filter - 1] - (uint64_t)filter[0] < FILTER_SPAN;
     t.filter_base = n_filter > 0 ? filter[0] : 0;
-    for (Py_ssize_t i = 0; i < n_filter && t.filter_small; i++)
-        t.filter_bits |= (uint64_t)1 << ((uint64_t)filter[i] - (uint64_t)t.filter_base);
+    for (Py_ssize_t i = 0; i < n_filter && t.filter_dense; i++) {
+        uint64_t at = (uint64_t)filter[i] - (uint64_t)t.filter_base;
+        t.filter_bits[at >> 6] |= (uint64_t)1 << (at & 63);
+    }
     t.scan = &s;
     int gave_up = 0, os_error = 0, os_errno = 0;
     Py_BEGIN_ALLOW_THREADS
