@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -344,7 +344,14 @@ class SlicedNsys:
         # its own). The cache is not touched here meanwhile: the last block's join is done, this
         # one's waits for the addition.
         parallel = nsys_sqlite._int_scan is not None and nsys_sqlite._free_cores() >= 2
-        with ThreadPoolExecutor(max_workers=1) if parallel else contextlib.nullcontext() as pool:
+        with (
+            ThreadPoolExecutor(max_workers=1) if parallel else contextlib.nullcontext() as pool,
+            # A block's copies and sets are read beside its kernels (with launches: the read
+            # is the thread every rank waits on).
+            ThreadPoolExecutor(1, "traceguard-tables")
+            if parallel and with_launches
+            else contextlib.nullcontext() as beside,
+        ):
             while True:
                 hi = self._next_hi(tables, graph_starts, lo, top, block_rows)
                 last = hi >= top
@@ -354,7 +361,7 @@ class SlicedNsys:
                 if with_launches:
                     plans = launches.plan(hi)
                     pending = pool.submit(launches.read_plans, plans, hi) if pool is not None else None
-                    ops = self._read_block(tables, ranges, graphs, lo, hi)
+                    ops = self._read_block(tables, ranges, graphs, lo, hi, beside=beside)
                     if pending is not None:
                         pending.result()
                     else:
@@ -385,14 +392,16 @@ class SlicedNsys:
         hi: int,
         *,
         sequence_only: bool = False,
+        beside: Executor | None = None,
     ) -> pl.DataFrame:
         """The ops of rowid ``ranges`` (one per GPU table) and the graph executions starting in
         [lo, hi), through the whole read's own code; each table's starts checked in order.
-        ``sequence_only``: only the columns step inference reads (``_Reader.node_ops``)."""
+        ``sequence_only``: only the columns step inference reads; ``beside``: where the copies
+        and sets are read meanwhile (``_Reader.node_ops``)."""
         where: dict[str, str | Rows] = {}
         for table in tables:
             where[table.name] = Rows((ranges[table.name],), rowid=table.rowid)
-        frames = self._reader.node_ops(where, sequence_only=sequence_only)
+        frames = self._reader.node_ops(where, sequence_only=sequence_only, beside=beside)
         for table, frame in zip(tables, frames, strict=True):
             self._check_order(table, frame, lo, hi)
             table.cursor = ranges[table.name][1]

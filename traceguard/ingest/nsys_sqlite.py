@@ -28,8 +28,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +312,7 @@ class _Reader:
         #: Names of the graph executions read (:meth:`graph_executions`): synthetic id → text.
         self.graph_strings: dict[int, str] = {}
         self.conn = conn
+        self._conn_lock = threading.Lock()
         self.db = db
         self.shown = shown
         self.tables = real_tables(conn)
@@ -334,12 +336,16 @@ class _Reader:
 
     def columns(self, table: str) -> set[str]:
         if table not in self._columns:
-            self._columns[table] = set(table_columns(self.conn, table)) if table in self.tables else set()
+            with self._conn_lock:
+                found = set(table_columns(self.conn, table)) if table in self.tables else set()
+            self._columns[table] = found
         return self._columns[table]
 
     def small(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Small tables only (metadata, enums, GPU info): plain sqlite3."""
-        return self.conn.execute(sql, params).fetchall()
+        """Small tables only (metadata, enums, GPU info): plain sqlite3, one query at a time (a
+        sliced read probes and reads tables from several threads)."""
+        with self._conn_lock:
+            return self.conn.execute(sql, params).fetchall()
 
     def _adbc_conn(self) -> Any:
         if self._adbc is None:
@@ -912,7 +918,11 @@ class _Reader:
         return conform_ops(frames)
 
     def node_ops(
-        self, where: Mapping[str, str | Rows] | None = None, *, sequence_only: bool = False
+        self,
+        where: Mapping[str, str | Rows] | None = None,
+        *,
+        sequence_only: bool = False,
+        beside: Executor | None = None,
     ) -> list[pl.DataFrame]:
         """Kernels, memcpys and memsets, one frame per table the file has, in that order (not
         yet conformed: :func:`conform_ops`). ``where`` maps a table to the rows to read (SQL
@@ -920,32 +930,37 @@ class _Reader:
         only what step inference reads of an op (process, device, kind, start, end, name: the
         same values), the other columns left out (null once conformed): the per-op NVTX shape's
         13.2 M ops read in 2.4-2.7 s instead of 3.3-3.5 s, the correlation ids, bytes and memory
-        kinds not decoded."""
+        kinds not decoded. ``beside``: the copies and sets are read there while this thread
+        reads the kernels (the C reader and Polars let go of the GIL; its connections are its own)."""
         where = where or {}
         keyed = not sequence_only
-        frames: list[pl.DataFrame] = []
-        if KERNEL in self.tables:
+
+        def kernel_frame() -> pl.DataFrame:
             cols = self.columns(KERNEL)
             name_col = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
             extra = [("name_id", name_col)] if name_col else []
             kernels = self._gpu_bulk(KERNEL, extra, where.get(KERNEL, ""), keyed=keyed)
-            frames.append(kernels.with_columns(pl.lit("kernel", dtype=model.OpKind).alias("kind")))
-        if MEMCPY in self.tables:
+            return kernels.with_columns(pl.lit("kernel", dtype=model.OpKind).alias("kind"))
+
+        def copy_frame() -> pl.DataFrame:
             # A copy's name is its copy kind's (_map_copies): the sequence reads that much of it.
             extra = [("copy_code", "copyKind")]
             if not sequence_only:
                 extra = [("bytes", "bytes"), *extra, ("src_code", "srcKind"), ("dst_code", "dstKind")]
-            copies = self._gpu_bulk(MEMCPY, extra, where.get(MEMCPY, ""), keyed=keyed)
-            frames.append(self._map_copies(copies))
-        if MEMSET in self.tables:
+            return self._map_copies(self._gpu_bulk(MEMCPY, extra, where.get(MEMCPY, ""), keyed=keyed))
+
+        def set_frame() -> pl.DataFrame:
             extra = [] if sequence_only else [("bytes", "bytes")]
             sets = self._gpu_bulk(MEMSET, extra, where.get(MEMSET, ""), keyed=keyed)
-            frames.append(
-                sets.with_columns(
-                    pl.lit("memset", dtype=model.OpKind).alias("kind"),
-                    pl.lit(MEMSET_NAME_ID, dtype=pl.Int64).alias("name_id"),
-                )
+            return sets.with_columns(
+                pl.lit("memset", dtype=model.OpKind).alias("kind"),
+                pl.lit(MEMSET_NAME_ID, dtype=pl.Int64).alias("name_id"),
             )
+
+        reads = [(table, read) for table, read in ((MEMCPY, copy_frame), (MEMSET, set_frame)) if table in self.tables]
+        others = beside.submit(lambda: [read() for _table, read in reads]) if beside is not None and reads else None
+        frames = [kernel_frame()] if KERNEL in self.tables else []
+        frames += others.result() if others is not None else [read() for _table, read in reads]
         return frames
 
     def graph_executions(self, node_frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
