@@ -116,7 +116,7 @@ def test_the_names_searched_are_the_sequences_prefix(
 ) -> None:
     """``_searched_names`` reads the kernels column by column: what it gives is the prefix of the
     sequence ``_busiest_device`` builds whole, and it gives nothing only where that sequence had
-    to be sorted."""
+    to be sorted; where it did not, ``_ordered_sequence`` is that sequence's start, end and name."""
     starts = list(range(len(rows)))
     kernels = pl.DataFrame(
         {
@@ -131,14 +131,17 @@ def test_the_names_searched_are_the_sequences_prefix(
     original = si.SEARCH_PREFIX
     si.SEARCH_PREFIX = prefix
     try:
-        searched = si._searched_names(kernels.lazy())
+        choice = si._choice(kernels.lazy())
+        searched = si._searched_names(kernels.lazy(), choice)
     finally:
         si.SEARCH_PREFIX = original
     several, device = si._busiest(kernels["device"])
     chosen = kernels.filter(si._on(device)) if several else kernels
     if not chosen["start"].is_sorted():
-        assert searched is None
+        assert searched is None and not choice.ordered
         return
     sequence = si._busiest_device(kernels)
     assert searched is not None
     assert searched.tolist() == sequence["name_id"].fill_null(-1).head(prefix).to_list()
+    # The sequence taken in order is the whole one's columns that inference reads.
+    assert si._ordered_sequence(kernels.lazy(), choice).equals(sequence.select("start", "end", "name_id"))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -364,19 +365,42 @@ def _on(device: object) -> pl.Expr:
     return pl.col("device").is_null() if device is None else pl.col("device") == device
 
 
-def _searched_names(kernels: pl.LazyFrame) -> np.ndarray | None:
-    """The names :func:`find_period` reads of a process's kernels (the first
-    :data:`SEARCH_PREFIX` of :func:`_busiest_device`'s sequence), taken without that sequence
-    whole: its device and start columns one at a time, then the prefix's names. None when the
-    kernels are out of start order (the sequence is then sorted whole). A process whose prefix
-    holds no period is not read further (the per-op NVTX shape: a rank's 6.6 M kernels, 0.18 GB
-    of five columns, for nothing)."""
+class _Choice(NamedTuple):
+    """Which of a process's kernels are its sequence (:func:`_busiest`: ``several`` devices, the
+    one chosen) and whether they come in start order."""
+
+    several: bool
+    device: object
+    ordered: bool
+
+
+def _choice(kernels: pl.LazyFrame) -> _Choice:
+    """:class:`_Choice` of a process's kernels, read a column at a time (device, then start)."""
     several, device = _busiest(kernels.select("device").collect()["device"])
     chosen = kernels.filter(_on(device)) if several else kernels
-    if not chosen.select("start").collect()["start"].is_sorted():
+    return _Choice(several, device, chosen.select("start").collect()["start"].is_sorted())
+
+
+def _searched_names(kernels: pl.LazyFrame, choice: _Choice) -> np.ndarray | None:
+    """The names :func:`find_period` reads of a process's kernels (the first
+    :data:`SEARCH_PREFIX` of :func:`_busiest_device`'s sequence), taken without that sequence
+    whole: the prefix's names of the kernels ``choice`` picks. None when they are out of start
+    order (the sequence is then sorted whole). A process whose prefix holds no period is not
+    read further (the per-op NVTX shape: a rank's 6.6 M kernels, 0.18 GB of five columns, for
+    nothing)."""
+    if not choice.ordered:
         return None
+    chosen = kernels.filter(_on(choice.device)) if choice.several else kernels
     name_ids = chosen.select("name_id").head(SEARCH_PREFIX).collect()["name_id"]
     return (name_ids.fill_null(-1) if name_ids.null_count() else name_ids).to_numpy()
+
+
+def _ordered_sequence(kernels: pl.LazyFrame, choice: _Choice) -> pl.DataFrame:
+    """:func:`_busiest_device`'s sequence of kernels in start order already (``choice``), only
+    the columns inference reads of it: the process and device columns of 10 M kernels (80 MB)
+    are not copied, nor the device and order found again."""
+    chosen = kernels.filter(_on(choice.device)) if choice.several else kernels
+    return chosen.select("start", "end", "name_id").collect()
 
 
 def optimizer_name_ids(strings: pl.DataFrame) -> pl.Series:
@@ -418,11 +442,12 @@ def inferred_steps(gpu_ops: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.Dat
     for pid in pids:
         # One process per rank is the rule: no filter of the kernels then.
         of_process = kernels if alone else kernels.filter(pl.col("pid") == pid)
-        searched = _searched_names(of_process)
+        choice = _choice(of_process)
+        searched = _searched_names(of_process, choice)
         period = find_period(searched) if searched is not None else None
         if searched is not None and period is None:
             continue
-        sequence = _busiest_device(of_process.collect())
+        sequence = _ordered_sequence(of_process, choice) if choice.ordered else _busiest_device(of_process.collect())
         name_ids = sequence["name_id"]
         names = (name_ids.fill_null(-1) if name_ids.null_count() else name_ids).to_numpy()
         period = period or find_period(names)  # the names searched are these names' prefix
