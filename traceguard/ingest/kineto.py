@@ -306,8 +306,17 @@ def _decode(data: bytes, shown: str, *, repairable: bool = False) -> tuple[list[
             hint="re-export the trace, or check that the copy finished",
         ) from exc
     except msgspec.DecodeError as exc:
-        if repairable and ("surrogate" in str(exc) or _SURROGATE.search(data)):  # lone surrogates: repaired too
+        # msgspec 0.23 reports a string's bytes that are not UTF-8 here ("Invalid UTF-8 encoded
+        # string"); earlier releases raised UnicodeDecodeError (above).
+        not_utf8 = "utf-8" in str(exc).lower()
+        if repairable and (not_utf8 or "surrogate" in str(exc) or _SURROGATE.search(data)):  # surrogates too
             raise _NotUtf8 from exc
+        if not_utf8:
+            raise InputError(
+                f"{shown}: not UTF-8 JSON (a string holds bytes that are not UTF-8: {exc}); "
+                "the file is damaged or not a trace.",
+                hint="re-export the trace, or check that the copy finished",
+            ) from exc
         raise InputError(
             f"{shown}: not valid JSON ({exc}); the file is probably truncated or not a trace.",
             hint="re-export the trace, or check that the copy finished",
