@@ -207,17 +207,67 @@ def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: lis
         sliced._native = saved
 
 
+def _native_or_numpy(loop: str) -> Any:
+    """``sliced._native`` as the loop asks (``numpy``: None), failing where the C one is required."""
+    if loop == "c" and sliced._native is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)")
+        pytest.skip("the C extension was not built")
+    return sliced._native if loop == "c" else None
+
+
+@pytest.mark.parametrize("loop", ["c", "numpy"])
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(rows=st.lists(st.tuples(st.integers(-2, 2), st.integers(-3, 3)), max_size=12), presort=st.booleans())
-def test_rows_in_key_order_are_told_as_the_two_sorts_order_them(rows: list[tuple[int, int]], presort: bool) -> None:
+def test_rows_in_key_order_are_told_as_the_two_sorts_order_them(
+    rows: list[tuple[int, int]], presort: bool, loop: str
+) -> None:
     """GroupUnion skips its two stable sorts where the rows are in their order already: exactly
-    where the sorts would leave every row where it is (ties included)."""
+    where the sorts would leave every row where it is (ties included), taken as they come or
+    through an order."""
+    native = _native_or_numpy(loop)
     rows = sorted(rows) if presort else rows
     keys = np.array([r[0] for r in rows], dtype=np.int64)
     start = np.array([r[1] for r in rows], dtype=np.int64)
     order = np.argsort(start, kind="stable")
     order = order[np.argsort(keys[order], kind="stable")]
-    assert sliced._in_key_order(keys, start) == bool(np.array_equal(order, np.arange(len(rows))))
+    shuffled = np.random.default_rng(len(rows)).permutation(len(rows))
+    saved = sliced._native
+    sliced._native = native
+    try:
+        assert sliced._in_key_order(keys, start) == bool(np.array_equal(order, np.arange(len(rows))))
+        told = sliced._in_key_order(keys, start, shuffled)
+    finally:
+        sliced._native = saved
+    assert told == bool(np.array_equal(keys[shuffled], keys[order]) and np.array_equal(start[shuffled], start[order]))
+
+
+@pytest.mark.parametrize("loop", ["c", "numpy"])
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    rows=st.lists(st.tuples(st.integers(-3, 3), st.integers(-4, 4)), max_size=40),
+    runs=st.integers(1, 4),
+    rising=st.booleans(),
+)
+def test_the_key_order_is_the_two_sorts_order(rows: list[tuple[int, int]], runs: int, rising: bool, loop: str) -> None:
+    """key_order gives exactly the two stable sorts' order (None where that is the rows' own):
+    rows as a slice brings them (runs in start order, keys rising with time where ``rising``) or
+    in any order."""
+    native = _native_or_numpy(loop)
+    if rising:  # each run sorted by start, its key rising with start (a slice of one table each)
+        parts = [sorted(rows[i::runs], key=lambda r: r[1]) for i in range(runs)]
+        rows = [(start // 3, start) for part in parts for _, start in part]
+    keys = np.array([r[0] for r in rows], dtype=np.int64)
+    start = np.array([r[1] for r in rows], dtype=np.int64)
+    expected = np.argsort(start, kind="stable")
+    expected = expected[np.argsort(keys[expected], kind="stable")]
+    saved = sliced._native
+    sliced._native = native
+    try:
+        got = sliced.key_order(keys, start)
+    finally:
+        sliced._native = saved
+    assert np.array_equal(np.arange(len(rows)) if got is None else got, expected)
 
 
 def _check_group_union(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool) -> None:
