@@ -31,7 +31,7 @@ from traceguard.metrics.steps import (
     window_mask,
 )
 from traceguard.metrics.table_rows import dicts_from_columns
-from traceguard.metrics.timeline import compute_union, rank_timeline
+from traceguard.metrics.timeline import assemble_timeline, compute_union, window_lanes, with_compute
 from traceguard.metrics.workloads import BubbleInputs, rank_workload
 from traceguard.model import Capture, add_columns
 
@@ -110,18 +110,30 @@ def analyse_rank(
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
     window = ops.lazy().filter(mask)
-    # The step table is the largest single piece and reads only ``ops``: it runs on a second
-    # thread beside the metrics below (Polars and NumPy release the GIL in their heavy calls).
-    # Two threads, not more: each holds its temporaries, and two cores keep two busy.
+    # The step table, the step breakdown and the timeline's lanes but the compute one read only
+    # ``ops``: they run on a second thread beside the compute union below (Polars and NumPy
+    # release the GIL in their heavy calls), not after it, where the timeline's thread was what
+    # the rank's result waited for (the 10 M-kernel file read whole: 0.9 s of the result on one
+    # core). Two threads, not more: each holds its temporaries, and two cores keep two busy.
     with ThreadPoolExecutor(max_workers=1) as pool:
         step_table = pool.submit(
             lambda: _step_rows(steps, phases, step_pieces(ops, phases), spans, gpu_timed=resolved.gpu_timed)
+        )
+        lanes = pool.submit(window_lanes, ops, mask, phases)
+        gpu_breakdown = (
+            pool.submit(
+                lambda: breakdown.whole_breakdown(ops, *breakdown.periods(steps, spans, gpu_timed=resolved.gpu_timed))
+            )
+            if info.has_gpu_trace
+            else None
         )
         sums = window_sums(ops, window)
         # The union of the window's compute kernels per device: read by the timeline and the
         # per-collective breakdown alike, built once, in slices.
         compute_segments = compute_union(ops, mask)
         step_table_rows = step_table.result()
+        timeline_parts = with_compute(lanes.result(), compute_segments)
+        step_breakdown = gpu_breakdown.result() if gpu_breakdown is not None else {}
     inputs = RankInputs(
         resolved=resolved,
         phases=phases,
@@ -136,14 +148,10 @@ def analyse_rank(
         rare_mask=mask,
         offender_groups=lambda: offender_groups(window, capture),
         compute_near_nccl=compute_segments,
-        timeline=lambda step_rows, nccl_ops: rank_timeline(
-            rank, ops, mask, nccl_ops, step_rows, phases, compute=compute_segments
-        ),
+        timeline=lambda step_rows, nccl_ops: assemble_timeline(rank, timeline_parts, nccl_ops, step_rows, phases),
         devices_used=window.select(pl.col("device").unique()).collect().to_series(),
         bubble=ops,
-        breakdown=lambda: breakdown.whole_breakdown(
-            ops, *breakdown.periods(steps, spans, gpu_timed=resolved.gpu_timed)
-        ),
+        breakdown=lambda: step_breakdown,
         copy_mask=lambda _device, times: link_counters.copy_mask_of(ops, mask, times),
     )
     return rank_result(rank, capture, inputs, ranks_analysed=ranks_analysed, small_bytes=small_bytes)

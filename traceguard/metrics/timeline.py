@@ -26,7 +26,7 @@ fed: :class:`SegmentReducer` reduces a chunk at a time to the same lane). Every 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -420,8 +420,20 @@ def rank_timeline(
     ``nccl_ops``: the window's NCCL kernels with ``collective``; ``step_rows``: the step breakdown
     (``name``, ``gpu_start_ns``, ``gpu_span_ns``); ``phases``: ``phase_id`` and ``name``;
     ``compute``: :func:`compute_union` of ``ops`` and ``mask`` when the caller has it already."""
-    # Only the window's few non-kernel rows and the compute kernels' union are ever copied out of
-    # the 10 M-row columns (no whole-column arrays).
+    compute_by_device = compute_union(ops, mask) if compute is None else compute
+    lanes = window_lanes(ops, mask, phases, max_segments=max_segments)
+    parts = with_compute(lanes, compute_by_device, max_segments=max_segments)
+    return assemble_timeline(rank, parts, nccl_ops, step_rows, phases, max_segments=max_segments)
+
+
+def window_lanes(
+    ops: pl.DataFrame, mask: pl.Series, phases: pl.DataFrame, *, max_segments: int = MAX_SEGMENTS
+) -> TimelineParts:
+    """The :class:`TimelineParts` of :func:`rank_timeline` but the compute kernels' (an empty
+    compute lane, no segments near NCCL: :func:`with_compute` adds them): the parts that read the
+    10 M-row columns, which a caller can take beside its own work before the compute union is done."""
+    # Only the window's few non-kernel rows are ever copied out of the 10 M-row columns (no
+    # whole-column arrays).
     keep = mask.fill_null(False) & ops["start"].is_not_null() & ops["end"].is_not_null()
     row = ops.lazy().filter(keep).select(pl.col("start").min(), pl.col("end").max(), pl.len()).collect().row(0)
     kind = pl.col("kind").to_physical()
@@ -430,33 +442,36 @@ def rank_timeline(
     graphs = window.filter(kind == _GRAPH).select("start", "end").collect()
     del keep, window
     extents = phase_extents(ops) if phases.height and "phase_id" in ops.columns else None
-    compute_by_device = compute_union(ops, mask) if compute is None else compute
-    compute_lane = SegmentReducer(max_segments)
-    if compute_by_device:
-        parts = list(compute_by_device.values())
-        s, e = (
-            parts[0]
-            if len(parts) == 1
-            else union_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-        )
-        compute_lane.feed(s, e)
     copies_lane = SegmentReducer(max_segments)
     copies_lane.feed(*union_intervals(_column(copies, "start"), _column(copies, "end")))
-    return assemble_timeline(
-        rank,
-        TimelineParts(
-            bounds=(row[0], row[1], int(row[2])),
-            extents=extents,
-            compute_lane=compute_lane,
-            graphs=union_intervals(_column(graphs, "start"), _column(graphs, "end")),
-            compute_near_nccl=compute_by_device,
-            copies_lane=copies_lane,
-        ),
-        nccl_ops,
-        step_rows,
-        phases,
-        max_segments=max_segments,
+    return TimelineParts(
+        bounds=(row[0], row[1], int(row[2])),
+        extents=extents,
+        compute_lane=SegmentReducer(max_segments),
+        graphs=union_intervals(_column(graphs, "start"), _column(graphs, "end")),
+        compute_near_nccl={},
+        copies_lane=copies_lane,
     )
+
+
+def with_compute(
+    parts: TimelineParts,
+    compute_by_device: dict[int, tuple[np.ndarray, np.ndarray]],
+    *,
+    max_segments: int = MAX_SEGMENTS,
+) -> TimelineParts:
+    """``parts`` (:func:`window_lanes`') with the compute lane fed the union of every device's
+    compute segments (:func:`compute_union`) and those segments kept for the exposed lane."""
+    compute_lane = SegmentReducer(max_segments)
+    if compute_by_device:
+        pieces = list(compute_by_device.values())
+        s, e = (
+            pieces[0]
+            if len(pieces) == 1
+            else union_intervals(np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces]))
+        )
+        compute_lane.feed(s, e)
+    return replace(parts, compute_lane=compute_lane, compute_near_nccl=compute_by_device)
 
 
 def phase_extents(ops: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
