@@ -258,3 +258,28 @@ def test_searches_by_process_are_searchsorted(
     assert np.array_equal(model._search_runs(sorted_keys, keys, 6), want)
     many = np.concatenate([np.arange(40, dtype=np.int64) << 6, keys])  # 40 processes, then these
     assert np.array_equal(model._search_each(sorted_keys, many, 6), np.searchsorted(sorted_keys, many))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    numbers=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=12),
+    null_at=st.one_of(st.none(), st.integers(0, 11)),
+    picks=st.lists(st.integers(-1, 11), max_size=40),
+    dtype=st.sampled_from([pl.Int32, pl.Int64, pl.UInt16, pl.String]),
+)
+def test_gathered_rows_are_polars_gather(
+    numbers: list[int], null_at: int | None, picks: list[int], dtype: pl.DataType
+) -> None:
+    """gather_rows is ``values[rows]`` with -1 → null, as Polars' gather by a nullable index gives
+    it, whichever way it takes them (NumPy for integers without nulls), the dtype kept."""
+    values: list[int | None] = [v % (1 << 16) if dtype == pl.UInt16 else v for v in numbers]
+    if null_at is not None and null_at < len(values):
+        values[null_at] = None
+    cells = [None if v is None else (str(v) if dtype == pl.String else v) for v in values]
+    series = pl.Series("ids", cells, dtype=dtype)
+    rows = np.array([p for p in picks if p < len(values)], dtype=np.int64)
+    index = pl.Series(rows)
+    expected = series.gather(index.set(index < 0, None)) if rows.size else series.clear()
+    got = intervals.gather_rows(series, rows)
+    assert got.dtype == series.dtype and got.name == "ids"
+    assert got.to_list() == expected.to_list()

