@@ -9,9 +9,11 @@ tells one device without a group-by: it must pick what the group-by picks.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +147,48 @@ def test_the_names_searched_are_the_sequences_prefix(
     assert searched.tolist() == sequence["name_id"].fill_null(-1).head(prefix).to_list()
     # The sequence taken in order is the whole one's columns that inference reads.
     assert si._ordered_sequence(kernels.lazy(), choice).equals(sequence.select("start", "end", "name_id"))
+
+
+@st.composite
+def align_calls(draw: st.DrawFn) -> tuple[np.ndarray, int, int, int, int, bool]:
+    """``_align``'s arguments as ``boundaries`` passes them: names (a short pattern of few names
+    repeated with a few changed, so that ties of score and of distance are common, or any names),
+    a mark, a target ahead of it (before the end where the kernels there are known to differ),
+    and a window around the target from after the mark."""
+    if draw(st.booleans()):
+        pattern = draw(st.lists(st.integers(0, 2), min_size=1, max_size=4))
+        names = (pattern * 90)[: draw(st.integers(2, 90))]
+        for _ in range(draw(st.integers(0, 4))):
+            names[draw(st.integers(0, len(names) - 1))] = draw(st.integers(0, 3))
+    else:
+        names = draw(st.lists(st.integers(0, 4), min_size=2, max_size=90))
+    n = len(names)
+    differs = draw(st.booleans())
+    mark = draw(st.integers(0, n - 2))
+    target = draw(st.integers(mark + 1, (n - 1) if differs else mark + 45))
+    lo = max(mark + 1, target - draw(st.integers(0, 12)))
+    hi = min(n, target + draw(st.integers(1, 12)))
+    dtype = draw(st.sampled_from([np.int32, np.int64]))
+    return np.array(names, dtype=dtype), mark, target, lo, max(hi, lo + 1), differs
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(call=align_calls())
+def test_the_c_align_is_the_numpy_one(call: tuple[np.ndarray, int, int, int, int, bool]) -> None:
+    """``_align`` in C (``_breakdown.align``) gives the NumPy version's position for int32 and
+    int64 names, near the ends of the sequence included."""
+    if getattr(si._native, "align", None) is None:
+        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)")
+        pytest.skip("the C extension was not built")
+    names, mark, target, lo, hi, differs = call
+    if hi > names.size:  # no window left after the mark: boundaries stops there
+        return
+    got = si._align(names, mark, target, lo, hi, differs=differs)
+    saved = si._native
+    si._native = None
+    try:
+        expected = si._align(names, mark, target, lo, hi, differs=differs)
+    finally:
+        si._native = saved
+    assert got == expected
