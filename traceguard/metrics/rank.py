@@ -110,11 +110,13 @@ def analyse_rank(
     # The window as a lazy filter: each metric below reads only its own columns of it.
     mask = window_mask(ops, spans, steps.select(pl.col("range_id").alias("step_id"), "pid"))
     window = ops.lazy().filter(mask)
-    # The step table, the step breakdown and the timeline's lanes but the compute one read only
-    # ``ops``: they run on a second thread beside the compute union below (Polars and NumPy
-    # release the GIL in their heavy calls), not after it, where the timeline's thread was what
-    # the rank's result waited for (the 10 M-kernel file read whole: 0.9 s of the result on one
-    # core). Two threads, not more: each holds its temporaries, and two cores keep two busy.
+    nccl_in_window = nccl_kernels.filter(mask.gather(nccl_rows))
+    # The step table, the step breakdown, the timeline's lanes but the compute one and the
+    # exposed NCCL time read only ``ops``: they run on a second thread beside the compute union
+    # below (Polars and NumPy release the GIL in their heavy calls), not after it, where the
+    # timeline's thread was what the rank's result waited for (the 10 M-kernel file read whole:
+    # 0.9 s of the result on one core). Two threads, not more: each holds its temporaries, and
+    # two cores keep two busy.
     with ThreadPoolExecutor(max_workers=1) as pool:
         step_table = pool.submit(
             lambda: _step_rows(steps, phases, step_pieces(ops, phases), spans, gpu_timed=resolved.gpu_timed)
@@ -127,21 +129,23 @@ def analyse_rank(
             if info.has_gpu_trace
             else None
         )
+        # Asked only where the window has NCCL kernels (rank_result).
+        exposed = pool.submit(nccl.exposed_time, ops, mask) if nccl_in_window.height else None
         sums = window_sums(ops, window)
         # The union of the window's compute kernels per device: read by the timeline and the
         # per-collective breakdown alike, built once, in slices.
         compute_segments = compute_union(ops, mask)
+        timeline_parts = with_compute(lanes.result(), compute_segments)  # while the pool ends its queue
         step_table_rows = step_table.result()
-        timeline_parts = with_compute(lanes.result(), compute_segments)
         step_breakdown = gpu_breakdown.result() if gpu_breakdown is not None else {}
     inputs = RankInputs(
         resolved=resolved,
         phases=phases,
         op_counts=op_counts(ops),
         nccl_kernels=nccl_kernels,
-        nccl_in_window=nccl_kernels.filter(mask.gather(nccl_rows)),
+        nccl_in_window=nccl_in_window,
         sums=sums,
-        exposed=lambda: nccl.exposed_time(ops, mask),
+        exposed=lambda: exposed.result() if exposed is not None else nccl.exposed_time(ops, mask),
         step_table=step_table_rows,
         graph_summary=graphs.summarize(ops, mask, capture.strings),
         rare_ops=ops,

@@ -470,8 +470,15 @@ def with_compute(
             if len(pieces) == 1
             else union_intervals(np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces]))
         )
-        compute_lane.feed(s, e)
+        # A chunk at a time (the same lane): a 10 M-kernel union is 10 M segments, whose gaps and
+        # their partition as whole arrays were 0.2 GB of fresh memory (0.07-0.49 s against 0.04).
+        for lo in range(0, s.size, _LANE_CHUNK):
+            compute_lane.feed(s[lo : lo + _LANE_CHUNK], e[lo : lo + _LANE_CHUNK])
     return replace(parts, compute_lane=compute_lane, compute_near_nccl=compute_by_device)
+
+
+#: Segments fed to a lane's reducer at a time (:func:`with_compute`).
+_LANE_CHUNK = 1 << 20
 
 
 def phase_extents(ops: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
