@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,16 @@ PUBLIC_NSYS = sorted((PUBLIC / "nsys-sqlite").glob("*.sqlite.gz"))
 PUBLIC_KINETO = sorted((PUBLIC / "kineto").glob("*.json.gz"))
 #: Captures this project made itself (GPU runs on the lent H200s), committed gzipped.
 OWN = REPO / "tests" / "fixtures"
+
+
+def needs_native(built: bool, module: str) -> None:
+    """Skip a test of a C loop where ``module`` was not built (no compiler at install); fail it
+    instead under ``TRACEGUARD_REQUIRE_NATIVE=1`` (``.ci/run``), so CI runs every such test."""
+    if built:
+        return
+    if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
+        pytest.fail(f"{module} was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
+    pytest.skip(f"{module} was not built (no compiler at install)")
 
 
 def public_nsys(fragment: str) -> Path:

@@ -11,7 +11,6 @@ order must be refused, as must a launch key order the slices cannot resolve.
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -23,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from tests.conftest import OWN, PUBLIC_NSYS, public_nsys
+from tests.conftest import OWN, PUBLIC_NSYS, needs_native, public_nsys
 from traceguard import model
 from traceguard.errors import InputError
 from traceguard.ingest import nsys_slices, nsys_sqlite
@@ -239,9 +238,7 @@ def test_reread_of_many_ids(unpacked, way: str, monkeypatch: pytest.MonkeyPatch)
     if way == "sqlite":
         monkeypatch.setattr(nsys_sqlite._Reader, "api_table_walked", lambda self, table, rows: None)
     elif nsys_sqlite._int_scan is None:
-        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":  # CI: the walk must be tested
-            pytest.fail("traceguard.ingest._int_scan was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
-        pytest.skip("the C reader was not built")
+        needs_native(False, "traceguard.ingest._int_scan")  # CI: the walk must be tested
     else:
         walk = nsys_sqlite._Reader.api_table_walked
 

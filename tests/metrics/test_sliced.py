@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from tests.conftest import OWN, PUBLIC
+from tests.conftest import OWN, PUBLIC, needs_native
 from traceguard.ingest import read_capture, with_rank
 from traceguard.metrics import sliced
 from traceguard.metrics.intervals import union_ns, union_segments
@@ -194,13 +193,9 @@ timed_intervals = st.lists(
 @given(rows=timed_intervals, cuts=st.lists(st.integers(0, 60), max_size=5), clip=st.booleans())
 def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: list[int], clip: bool, loop: str) -> None:
     """Both loops (the C one, ``_breakdown.group_union``, and the NumPy one it must equal)."""
-    if loop == "c" and sliced._native is None:
-        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
-            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)")
-        pytest.skip("the C extension was not built")
+    native = _native_or_numpy(loop)
     saved = sliced._native
-    if loop == "numpy":
-        sliced._native = None
+    sliced._native = native
     try:
         _check_group_union(rows, cuts, clip)
     finally:
@@ -209,10 +204,8 @@ def test_group_union_equals_union_ns(rows: list[tuple[int, int, int]], cuts: lis
 
 def _native_or_numpy(loop: str) -> Any:
     """``sliced._native`` as the loop asks (``numpy``: None), failing where the C one is required."""
-    if loop == "c" and sliced._native is None:
-        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
-            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)")
-        pytest.skip("the C extension was not built")
+    if loop == "c":
+        needs_native(sliced._native is not None, "traceguard.metrics._breakdown")
     return sliced._native if loop == "c" else None
 
 

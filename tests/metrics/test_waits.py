@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import os
 import sqlite3
 import statistics
 from decimal import Decimal
@@ -21,7 +20,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import OWN, PUBLIC
+from tests.conftest import OWN, PUBLIC, needs_native
 from traceguard.metrics.breakdown import FIELDS
 from traceguard.metrics.waits import RESIDUAL_LIMIT_NS, RankClock, reduce_waits
 from traceguard.pipeline import analyze
@@ -304,10 +303,7 @@ def test_the_c_loop_equals_the_numpy_one(unpacked) -> None:
     from traceguard.metrics import breakdown, nccl
     from traceguard.metrics.steps import attribute, find_phases, resolve_steps, step_spans
 
-    if breakdown._native is None:
-        if os.environ.get("TRACEGUARD_REQUIRE_NATIVE") == "1":
-            pytest.fail("traceguard.metrics._breakdown was not built (TRACEGUARD_REQUIRE_NATIVE=1)", pytrace=False)
-        pytest.skip("the C loop was not built (no compiler at install)")
+    needs_native(breakdown._native is not None, "traceguard.metrics._breakdown")
     capture = read_capture(unpacked(BUCKET25 / "cap_0.sqlite.gz"))
     resolved = resolve_steps(capture.ranges, capture.gpu_ops, capture.strings, (), ("convention",))
     ops = attribute(capture.gpu_ops, capture.api_calls, resolved.steps, find_phases(capture.ranges, resolved.steps))
