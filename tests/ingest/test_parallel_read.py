@@ -100,3 +100,54 @@ def test_a_read_that_shares_its_cores_starts_no_worker(unpacked, monkeypatch: py
         assert getattr(alone, name).equals(getattr(serial, name)), name
     nsys_sqlite.share_cores(0)  # nonsense counts as alone
     assert nsys_sqlite._free_cores() == 2
+
+
+@pytest.mark.parametrize("launches_only", [False, True])
+def test_this_process_reads_its_part_by_the_b_tree(launches_only: bool, unpacked, monkeypatch) -> None:
+    """The rows the worker leaves are a rowid range that this process reads through the b-tree
+    reader (as SQL, ``rowid > cut``, SQLite read them at 2.5x the worker's time a row)."""
+    if not hasattr(nsys_sqlite._int_scan, "table"):
+        pytest.skip("the C reader is not built")
+    db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
+    with monkeypatch.context() as m:
+        m.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 10**18)
+        serial = read_nsys_sqlite(db, launches_only=launches_only)
+    force_worker(monkeypatch)
+    by_sql: list[str] = []
+    real_scan_ints = nsys_sqlite.scan_ints
+
+    def scan_ints(path, sql):
+        by_sql.append(sql)
+        return real_scan_ints(path, sql)
+
+    monkeypatch.setattr(nsys_sqlite, "scan_ints", scan_ints)
+    parallel = read_nsys_sqlite(db, launches_only=launches_only)
+    assert not [sql for sql in by_sql if nsys_sqlite.RUNTIME in sql], by_sql
+    for name in FRAMES:
+        assert getattr(parallel, name).equals(getattr(serial, name)), name
+
+
+def test_a_table_up_to_the_largest_rowid_splits_the_same(unpacked, tmp_path: Path, monkeypatch) -> None:
+    """A range's exclusive end cannot pass SQLite's largest rowid: where the API table holds
+    it, the rest is read by its SQL condition, and the frames are still the single read's."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "largest_rowid.sqlite"
+    shutil.copy(unpacked(public_nsys("h100_2gpu_1s")), db)
+    with sqlite3.connect(db) as conn:
+        table = nsys_sqlite.RUNTIME
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        last = conn.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY rowid DESC LIMIT 1").fetchone()
+        conn.execute(
+            f"INSERT INTO {table} (rowid, {', '.join(columns)}) VALUES ({(1 << 63) - 1}, "
+            f"{', '.join('?' * len(columns))})",
+            last,
+        )
+    serial = _serial(db, monkeypatch)
+    spawned = force_worker(monkeypatch)
+    parallel = read_nsys_sqlite(db)
+    assert spawned, "the worker was not used"
+    assert parallel.api_calls.height == serial.api_calls.height
+    for name in FRAMES:
+        assert getattr(parallel, name).equals(getattr(serial, name)), name
