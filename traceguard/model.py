@@ -488,6 +488,16 @@ def _packed_key(
     """The packed (pid, correlation id) of rows ``lo:hi`` (:class:`KeyPacking`), and where
     either is null (None: nowhere)."""
     part = frame.slice(lo, (frame.height if hi is None else hi) - lo)
+    pids, ids = part["pid"], part["correlation_id"]
+    if not pids.null_count() and not ids.null_count() and pids.dtype.is_integer() and ids.dtype.is_integer():
+        # NumPy on the calling thread: a Polars expression here queued behind the ranks'
+        # analyses on its pool (the launch join of the per-op NVTX shape's read thread).
+        key = pids.to_numpy().astype(np.int64)
+        key -= packing.pid_low
+        key *= 1 << packing.corr_bits
+        key += ids.to_numpy()
+        key -= packing.corr_low
+        return key, None
     key = part.select(
         (
             (pl.col("pid").cast(pl.Int64) - packing.pid_low) * (1 << packing.corr_bits)

@@ -3,6 +3,8 @@ replaces, null points and keys included; the launch join by binary search agrees
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pytest
@@ -283,3 +285,39 @@ def test_gathered_rows_are_polars_gather(
     got = intervals.gather_rows(series, rows)
     assert got.dtype == series.dtype and got.name == "ids"
     assert got.to_list() == expected.to_list()
+
+
+@given(
+    pids=st.lists(st.integers(0, (1 << 24) - 1), min_size=1, max_size=40),
+    ids=st.lists(st.integers(0, 1 << 36), min_size=1, max_size=40),
+    chunks=st.integers(1, 4),
+    nulls=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_packed_keys_are_the_expression(pids: list[int], ids: list[int], chunks: int, nulls: bool) -> None:
+    """``_packed_key``'s NumPy path (integer keys without nulls) gives what its Polars expression
+    gives, over frames of several chunks and any slice of them; with nulls, the expression's
+    keys and null flags."""
+    n = min(len(pids), len(ids))
+    ids_column: list[int | None] = list(ids[:n])
+    if nulls:
+        ids_column[n // 2] = None
+    frame = pl.DataFrame(
+        {"pid": pl.Series(pids[:n], dtype=pl.Int32), "correlation_id": pl.Series(ids_column, dtype=pl.Int64)}
+    )
+    cut = [n * k // chunks for k in range(chunks + 1)]
+    frame = pl.concat([frame.slice(a, b - a) for a, b in itertools.pairwise(cut)], rechunk=False)
+    packing = model._key_packing(frame)
+    assert packing is not None
+    for lo, hi in ((0, n), (n // 3, n), (0, max(1, n // 2))):
+        key, null = model._packed_key(frame, packing, lo, hi)
+        part = frame.slice(lo, hi - lo)
+        want = part.select(
+            (pl.col("pid").cast(pl.Int64) - packing.pid_low) * (1 << packing.corr_bits)
+            + (pl.col("correlation_id") - packing.corr_low)
+        ).to_series()
+        assert key.dtype == np.int64
+        assert key.tolist() == want.fill_null(-1).to_list()
+        assert (null is None) == (want.null_count() == 0)
+        if null is not None:
+            assert null.tolist() == want.is_null().to_list()
