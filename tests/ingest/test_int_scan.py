@@ -12,8 +12,11 @@ import os
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from tests.conftest import OWN, PUBLIC_NSYS
@@ -268,3 +271,60 @@ def test_reads_ahead_only_what_a_scan_reads_in_order(numbers: Path, tmp_path: Pa
     cut.write_bytes(numbers.read_bytes()[: numbers.stat().st_size // 2])
     with pytest.raises(_int_scan.Error):
         _scan(cut, "SELECT a, b, c, d FROM t")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(
+        st.one_of(
+            st.integers(-(2**63), 2**63 - 1),
+            st.sampled_from([0, -1, 2**63 - 1, -(2**63), 2**24 - 1, 2**24, -(2**24), 2**48 - 1, 2**48]),
+            # what nsys writes: (pid << 24 | tid) and more above
+            st.tuples(st.integers(0, 2**24 - 1), st.integers(0, 2**24 - 1), st.integers(0, 255)).map(
+                lambda t: (t[2] << 48) | (t[0] << 24) | t[1]
+            ),
+        ),
+        max_size=300,
+    ),
+    wide=st.booleans(),
+)
+def test_split_ids_are_sqlite_s_shift_and_mask(ids: list[int], wide: bool) -> None:
+    """``split_ids`` (the process and thread of nsys's global ids, one C pass) gives what SQLite's
+    ``(g >> 24) & 0xFFFFFF`` and ``g & 0xFFFFFF`` give, over int64's whole range, negatives
+    included; so does the expression path it stands in for."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (g INTEGER)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(v,) for v in ids])
+    truth = conn.execute("SELECT (g >> 24) & 16777215, g & 16777215 FROM t ORDER BY rowid").fetchall()
+    conn.close()
+    series = pl.Series("global_tid", ids, dtype=pl.Int64)
+    split = nsys_sqlite._split_ids(series, pl.Int64() if wide else pl.Int32(), with_tid=True)
+    assert split is not None
+    pid, tid = split
+    assert tid is not None
+    assert pid.dtype == (pl.Int64 if wide else pl.Int32) and tid.dtype == pl.Int32
+    assert list(zip(pid.to_list(), tid.to_list(), strict=True)) == truth
+    by_expressions = pl.DataFrame([series]).select(
+        nsys_sqlite._pid_of(pl.col("global_tid")), nsys_sqlite._tid_of(pl.col("global_tid")).alias("tid")
+    )
+    assert by_expressions.rows() == truth
+
+
+def test_split_ids_leave_what_they_do_not_take_to_the_expressions() -> None:
+    """Nulls, another type or several chunks: None (the reader then uses the expressions); the C
+    function refuses outputs of another type or length."""
+    assert nsys_sqlite._split_ids(pl.Series([1, None], dtype=pl.Int64), pl.Int32(), with_tid=True) is None
+    assert nsys_sqlite._split_ids(pl.Series([1, 2], dtype=pl.Int32), pl.Int32(), with_tid=True) is None
+    assert nsys_sqlite._split_ids(pl.Series([1, 2], dtype=pl.Int64), pl.Int16(), with_tid=True) is None
+    chunked = pl.concat([pl.Series([1], dtype=pl.Int64), pl.Series([2], dtype=pl.Int64)], rechunk=False)
+    assert nsys_sqlite._split_ids(chunked, pl.Int32(), with_tid=True) is None
+    ids = np.array([1 << 24, 5], dtype=np.int64)
+    with pytest.raises(ValueError, match="split_ids"):
+        _int_scan.split_ids(ids, np.empty(2, dtype=np.float64), None)
+    with pytest.raises(ValueError, match="split_ids"):
+        _int_scan.split_ids(ids, np.empty(3, dtype=np.int32), None)
+    with pytest.raises(ValueError, match="split_ids"):
+        _int_scan.split_ids(ids, np.empty(2, dtype=np.int32), np.empty(2, dtype=np.int64))
+    pid = np.empty(2, dtype=np.int32)
+    _int_scan.split_ids(ids, pid, None)
+    assert pid.tolist() == [1, 0]
