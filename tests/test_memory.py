@@ -105,3 +105,44 @@ def test_the_allocator_is_found_where_its_library_is_mapped_again_elsewhere() ->
             assert memory.release_polars_heap() is True
         finally:
             memory._polars_mallctl.cache_clear()
+
+
+@pytest.mark.parametrize(("cores", "arenas"), [(1, 1), (2, 1), (3, 1), (4, 2), (64, 32)])
+def test_polars_heap_settings_give_an_arena_to_two_cores(cores: int, arenas: int) -> None:
+    settings = dict(option.split(":") for option in memory.polars_heap_settings(cores).split(","))
+    assert settings == {
+        "dirty_decay_ms": str(memory.POLARS_DIRTY_DECAY_MS),
+        "muzzy_decay_ms": "0",
+        "narenas": str(arenas),
+    }
+
+
+_JEMALLOC_OPTIONS = """
+import ctypes, json
+import traceguard.cli  # sets the allocator's options, then imports Polars
+from traceguard import memory
+
+mallctl = memory._polars_mallctl()
+arenas, decay = ctypes.c_uint(), ctypes.c_ssize_t()
+size = ctypes.c_size_t(ctypes.sizeof(arenas))
+assert mallctl(b"opt.narenas", ctypes.byref(arenas), ctypes.byref(size), None, 0) == 0
+size = ctypes.c_size_t(ctypes.sizeof(decay))
+assert mallctl(b"opt.dirty_decay_ms", ctypes.byref(decay), ctypes.byref(size), None, 0) == 0
+print(json.dumps({"narenas": arenas.value, "dirty_decay_ms": decay.value, "cores": memory._cores()}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Polars' jemalloc is found through /proc/self/maps")
+def test_the_cli_gives_polars_allocator_its_options_before_polars_loads() -> None:
+    """What jemalloc itself took (its ``opt.*``), in a fresh process that imports the CLI as the
+    console script does; the variable unset, so that the CLI's default is the one read."""
+    import json
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "_RJEM_MALLOC_CONF"}
+    done = subprocess.run(
+        [sys.executable, "-c", _JEMALLOC_OPTIONS], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    taken = json.loads(done.stdout.strip().splitlines()[-1])
+    assert taken["dirty_decay_ms"] == memory.POLARS_DIRTY_DECAY_MS
+    assert taken["narenas"] == max(1, taken["cores"] // memory.CORES_PER_POLARS_ARENA)

@@ -1,6 +1,6 @@
 """How an analysing process uses memory: the C heap's settings and the garbage collector's pace.
 
-Three costs that the analysis of a large capture pays for nothing (measured on the 10 M-kernel
+The costs that the analysis of a large capture pays for nothing (measured on the 10 M-kernel
 shapes of ``bench/RESULTS.md``, 2 cores):
 
 - **Fresh pages.** glibc hands every block of more than its dynamic threshold (at first 128 kB,
@@ -25,8 +25,8 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   (5 collections, 0.07 s); the analysis builds no reference cycles worth collecting early.
 
 - **Polars' freed pages.** Polars allocates through its own jemalloc, which keeps a thread's
-  freed pages for ``dirty_decay_ms`` (the CLI sets 2 s) in that thread's arena, where no other
-  thread reuses them. A file of several ranks frees most of what its NVTX table and kernel
+  freed pages for ``dirty_decay_ms`` (the CLI sets 2 s) in that thread's arena, where only the
+  threads of that arena reuse them. A file of several ranks frees most of what its NVTX table and kernel
   sequences took just as the ranks' read starts; the per-op NVTX shape's process then held
   0.2-0.4 GB of such pages under the read's own peak (1.20-1.29 GB). No Polars API hands them
   back, and jemalloc's ``mallctl`` is a local symbol of Polars' runtime library, so
@@ -38,6 +38,18 @@ shapes of ``bench/RESULTS.md``, 2 cores):
   the per-op shape's peak is 0.98-1.0 GB. What is handed back and then reused is faulted in
   again (0.51 → 0.77 M page faults, about 0.5 s of system time on two cores), so the one-rank
   shapes, whose peaks are far below 1 GB, do not pay for it.
+
+- **One arena for two cores.** jemalloc gives a process four arenas a core and spreads its
+  threads over them; what one thread frees stays in its arena, for the threads of that arena
+  only. A file of several ranks is read on five threads or more beside Polars' own (the NVTX
+  table, the kernel sequences, the launch join's passes, the shared read, each rank), so each
+  arena held its own freed pages under the peak, and what one handed back another faulted in.
+  :func:`polars_heap_settings` (the CLI's ``_RJEM_MALLOC_CONF``) asks for one arena for every
+  two cores (one on two): the per-op NVTX shape's peak 904-917 MB against 976-990 MB (MiB), its
+  page faults 0.50 M against 0.75-0.77 M, 7.7-8.3 s against 7.9-8.5 s in three interleaved
+  pairs; every other bench shape 0.1-0.25 M faults fewer, the same time or less. (Asked for
+  alone, before the purges, one arena had left the per-op peak at 1.16 GB: the purges and the
+  shared arena each take a part of it.)
 
 All of them do nothing where glibc (or Polars' jemalloc) is absent and change no result. The heap
 settings are the process's own and stay: :func:`traceguard.mapreduce.map_input` sets them in
@@ -74,6 +86,30 @@ HEAP_ARENAS = 2
 _M_ARENA_MAX = -8
 #: Gen 0's threshold while analysing (the default is 700).
 ANALYSIS_GEN0 = 100_000
+
+
+#: How long Polars' jemalloc keeps a freed page before handing it back (milliseconds).
+POLARS_DIRTY_DECAY_MS = 2000
+#: Cores per jemalloc arena of Polars' allocator (module docstring: "One arena for two cores").
+CORES_PER_POLARS_ARENA = 2
+
+
+def polars_heap_settings(cores: int | None = None) -> str:
+    """The ``_RJEM_MALLOC_CONF`` a process sets before it imports Polars (module docstring):
+    freed pages kept :data:`POLARS_DIRTY_DECAY_MS`, none kept half-returned ("muzzy"), and one
+    arena for every :data:`CORES_PER_POLARS_ARENA` of the ``cores`` it may run on (default:
+    its CPU affinity), at least one."""
+    if cores is None:
+        cores = _cores()
+    arenas = max(1, cores // CORES_PER_POLARS_ARENA)
+    return f"dirty_decay_ms:{POLARS_DIRTY_DECAY_MS},muzzy_decay_ms:0,narenas:{arenas}"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 @cache

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import os
 
+from traceguard.memory import polars_heap_settings  # the standard library only: no Polars yet
+
 # Polars' allocator (jemalloc) keeps freed pages for 10 s by default, which a one-shot run
 # over a multi-GB capture would count in its peak RSS. Handing them back at once (0 ms) costs
 # more: the next allocation faults them in again (~1.4 M page faults, ~5 s of system time at
-# 10 M kernels). Two seconds keeps what the next step reuses and returns the rest (measured in
+# 10 M kernels). Two seconds keeps what the next step reuses and returns the rest, and threads
+# share an arena for two cores instead of four arenas a core (traceguard.memory; measured in
 # bench/RESULTS.md). Must be set before polars is first imported.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:2000,muzzy_decay_ms:0")
+os.environ.setdefault("_RJEM_MALLOC_CONF", polars_heap_settings())
 # NumPy's OpenBLAS starts a spinning thread per core; traceguard does no linear algebra, and on
 # a small machine those threads take cycles from the reader's two processes.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
