@@ -128,7 +128,7 @@ size = ctypes.c_size_t(ctypes.sizeof(arenas))
 assert mallctl(b"opt.narenas", ctypes.byref(arenas), ctypes.byref(size), None, 0) == 0
 size = ctypes.c_size_t(ctypes.sizeof(decay))
 assert mallctl(b"opt.dirty_decay_ms", ctypes.byref(decay), ctypes.byref(size), None, 0) == 0
-print(json.dumps({"narenas": arenas.value, "dirty_decay_ms": decay.value, "cores": memory._cores()}))
+print(json.dumps({"narenas": arenas.value, "dirty_decay_ms": decay.value, "cores": memory.usable_cores()}))
 """
 
 

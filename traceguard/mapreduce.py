@@ -75,7 +75,13 @@ from traceguard.ingest import (
 )
 from traceguard.ingest.nsys_rep import export_to_sqlite, is_nsys_rep
 from traceguard.ingest.nsys_sqlite import share_cores
-from traceguard.memory import fewer_collections, polars_heap_released_every, release_polars_heap, tune_heap
+from traceguard.memory import (
+    fewer_collections,
+    polars_heap_released_every,
+    release_polars_heap,
+    tune_heap,
+    usable_cores,
+)
 from traceguard.metrics.rank import RankResult, analyse_rank
 from traceguard.model import GPU_OPS_SCHEMA, Capture, empty, holds_one_value
 
@@ -585,9 +591,7 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
             known = [window for _steps, window in found]
             sequences = others = found = None
             launch_passes.stop()  # the file is read again from here on
-            fanned = (
-                _fan_out(task, source, parts, owners, resolved, known, census, started) if len(parts) > 1 else None
-            )
+            fanned = _fan_out(task, source, parts, owners, resolved, known, census, started) if len(parts) > 1 else None
             if fanned is not None:
                 started = None
                 confirmed = gpu_processes(replace(small, gpu_ops=_census_frame(census)))
@@ -1093,10 +1097,7 @@ def chosen_scheduler(scheduler: str | None) -> str:
 
 def default_jobs() -> int:
     """Processes of the local map: the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def _run_serial(tasks: Sequence[MapTask]) -> Iterator[tuple[MapTask, MapOutcome | BaseException]]:

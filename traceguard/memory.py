@@ -26,8 +26,8 @@ shapes of ``bench/RESULTS.md``, 2 cores):
 
 - **Polars' freed pages.** Polars allocates through its own jemalloc, which keeps a thread's
   freed pages for ``dirty_decay_ms`` (the CLI sets 2 s) in that thread's arena, where only the
-  threads of that arena reuse them. A file of several ranks frees most of what its NVTX table and kernel
-  sequences took just as the ranks' read starts; the per-op NVTX shape's process then held
+  threads of that arena reuse them. A file of several ranks frees most of what its NVTX table
+  and kernel sequences took just as the ranks' read starts; the per-op NVTX shape's process then held
   0.2-0.4 GB of such pages under the read's own peak (1.20-1.29 GB). No Polars API hands them
   back, and jemalloc's ``mallctl`` is a local symbol of Polars' runtime library, so
   :func:`release_polars_heap` finds it in that library's symbol table, checks that the function
@@ -100,16 +100,18 @@ def polars_heap_settings(cores: int | None = None) -> str:
     arena for every :data:`CORES_PER_POLARS_ARENA` of the ``cores`` it may run on (default:
     its CPU affinity), at least one."""
     if cores is None:
-        cores = _cores()
+        cores = usable_cores()
     arenas = max(1, cores // CORES_PER_POLARS_ARENA)
     return f"dirty_decay_ms:{POLARS_DIRTY_DECAY_MS},muzzy_decay_ms:0,narenas:{arenas}"
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; elsewhere than Linux, the machine's),
+    at least one. The standard library only: the CLI asks before Polars is imported."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @cache

@@ -14,7 +14,6 @@ resolves the run's ranks (DESIGN.md, "Ranks").
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from traceguard.errors import InputError
+from traceguard.memory import usable_cores
 
 try:  # the optional C extension (setup.py); the NumPy searches below otherwise
     from traceguard import _keys as _native_keys
@@ -683,7 +683,4 @@ def in_threads(work: Callable[[int], None], items: Iterable[int]) -> None:
 
 
 def _threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    return usable_cores()

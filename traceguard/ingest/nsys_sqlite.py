@@ -51,6 +51,7 @@ from traceguard.ingest.sqlite_safe import (
     table_columns,
     wrap_sqlite_error,
 )
+from traceguard.memory import usable_cores
 from traceguard.model import Capture
 
 try:  # the declared dependency; the sqlite3 path below is the (slow) fallback
@@ -1724,11 +1725,7 @@ def share_cores(processes: int) -> None:
 
 def _free_cores() -> int:
     """Cores one read of this process may keep busy: its share of the cores it may run on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // _core_sharers)
+    return max(1, usable_cores() // _core_sharers)
 
 
 def _scratch_dir() -> str | None:
