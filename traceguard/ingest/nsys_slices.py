@@ -995,13 +995,14 @@ def _rowid_bounds(reader: _Reader, table: str, shown: str) -> tuple[str, int, in
 
 
 def _probe(reader: _Reader, table: str, rowid: str, at: int) -> tuple[int, int] | None:
-    quoted = table.replace('"', '""')
-    start = "CAST(start AS INTEGER)" if "start" in reader.columns(table) else "NULL"
-    rows = reader.small(f'SELECT {rowid}, {start} FROM "{quoted}" WHERE {rowid} >= ? ORDER BY {rowid} LIMIT 1', (at,))
-    if not rows:
+    if "start" not in reader.columns(table):
+        quoted = table.replace('"', '""')
+        rows = reader.small(f'SELECT {rowid} FROM "{quoted}" WHERE {rowid} >= ? ORDER BY {rowid} LIMIT 1', (at,))
+        return (int(rows[0][0]), _NULL_START) if rows else None
+    found = reader.first_row(table, rowid, at, "start")
+    if found is None:
         return None
-    found, value = rows[0]
-    return int(found), _NULL_START if value is None else int(value)
+    return found[0], _NULL_START if found[1] is None else found[1]
 
 
 def _lower_bound(
