@@ -933,32 +933,44 @@ static int tree_decide(Tree *t, const uint8_t *record, uint64_t local, const uin
     return 1;
 }
 
-static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
-    uint64_t payload, rowid_u, header_len;
-    int k = tree_varint(cell, end, &payload);
+/* A table leaf's cell at ``cell`` (its page ends at ``end``): its payload's size, its rowid, and
+   the payload's part on the page (the file format's rule for table leaves; past it, when the
+   payload spills, a 4-byte overflow page number, also within the page); *record is where the
+   payload starts. -1 when the cell runs past its page. */
+static inline int tree_cell_head(const uint8_t *cell, const uint8_t *end, uint64_t usable, uint64_t *payload,
+                                 int64_t *rowid, uint64_t *local, const uint8_t **record) {
+    uint64_t rowid_u;
+    int k = tree_varint(cell, end, payload);
     if (!k) return -1;
     cell += k;
     k = tree_varint(cell, end, &rowid_u);
     if (!k) return -1;
     cell += k;
-    int64_t rowid = (int64_t)rowid_u;
+    *rowid = (int64_t)rowid_u;
+    uint64_t most = usable - 35;
+    *local = *payload;
+    if (*payload > most) {
+        uint64_t least = ((usable - 12) * 32 / 255) - 23;
+        *local = least + (*payload - least) % (usable - 4);
+        if (*local > most) *local = least;
+        if (*local + 4 > (uint64_t)(end - cell)) return -1;
+    } else if (*payload > (uint64_t)(end - cell)) {
+        return -1;
+    }
+    *record = cell;
+    return 0;
+}
+
+static int tree_cell(Tree *t, const uint8_t *cell, const uint8_t *end) {
+    uint64_t payload, local, header_len;
+    int64_t rowid;
+    const uint8_t *record;
+    if (tree_cell_head(cell, end, t->usable, &payload, &rowid, &local, &record) != 0) return -1;
     if (t->any_rowid && rowid <= t->last_rowid) return -1;
     t->any_rowid = 1;
     t->last_rowid = rowid;
-    /* The payload's part in the cell (the file format's rule for table leaves), then, if it
-       spills, a 4-byte overflow page number. */
-    uint64_t usable = t->usable, local = payload, most = usable - 35;
-    if (payload > most) {
-        uint64_t least = ((usable - 12) * 32 / 255) - 23;
-        local = least + (payload - least) % (usable - 4);
-        if (local > most) local = least;
-        if (local + 4 > (uint64_t)(end - cell)) return -1;
-    } else if (payload > (uint64_t)(end - cell)) {
-        return -1;
-    }
     if (!tree_wanted_rowid(t, rowid)) return 0;
-    const uint8_t *record = cell;
-    k = tree_varint(record, record + local, &header_len);
+    int k = tree_varint(record, record + local, &header_len);
     if (!k || header_len > payload || header_len < (uint64_t)k) return -1;
     if (header_len > local) {
         t->unsupported = 1; /* the header itself spills: SQLite reads it */
@@ -1388,24 +1400,12 @@ static int seek_walk(Seek *s, int64_t pgno, int depth) {
     for (int c = 0; c < cells; c++) {
         int off = (page[8 + 2 * c] << 8) | page[9 + 2 * c];
         if (off < 8 + 2 * cells || off >= (int)s->usable) return -1;
-        const uint8_t *cell = page + off;
-        uint64_t payload, rowid_u, header_len;
-        int k = tree_varint(cell, end, &payload);
-        if (!k) return -1;
-        cell += k;
-        k = tree_varint(cell, end, &rowid_u);
-        if (!k) return -1;
-        cell += k;
-        if ((int64_t)rowid_u < s->at) continue;
-        /* The payload's part on this page (tree_cell's rule). */
-        uint64_t local = payload, most = s->usable - 35;
-        if (payload > most) {
-            uint64_t least = ((s->usable - 12) * 32 / 255) - 23;
-            local = least + (payload - least) % (s->usable - 4);
-            if (local > most) local = least;
-        }
-        if (local > (uint64_t)(end - cell)) return -1;
-        k = tree_varint(cell, cell + local, &header_len);
+        uint64_t payload, local, header_len;
+        int64_t rowid;
+        const uint8_t *cell;
+        if (tree_cell_head(page + off, end, s->usable, &payload, &rowid, &local, &cell) != 0) return -1;
+        if (rowid < s->at) continue;
+        int k = tree_varint(cell, cell + local, &header_len);
         if (!k || header_len > local || header_len < (uint64_t)k) return -1;
         const uint8_t *h = cell + k, *h_end = cell + header_len;
         uint64_t body = header_len, type = 0;
@@ -1418,7 +1418,7 @@ static int seek_walk(Seek *s, int64_t pgno, int depth) {
             if (reached < s->column) body += type >= 12 ? (type - 12) / 2 : TREE_TYPE_SIZE[type];
             if (body > payload) return -1; /* sizes past the record: a damaged one (and no wrap) */
         }
-        s->rowid = (int64_t)rowid_u;
+        s->rowid = rowid;
         if (reached <= s->column || type == 0) { /* past the record's end, or NULL */
             s->null = 1;
             s->value = 0;
