@@ -383,7 +383,7 @@ class _Reader:
         if layout is None or rowid not in _ROWID_NAMES or rowid in self.columns(table):
             return False
         root, positions = layout
-        if positions.get(column, -1) < 0 or not _INT64_MIN <= at <= _INT64_MAX:
+        if positions.get(column, -1) < 0 or not LOWEST_ROWID <= at < -LOWEST_ROWID:
             return False
         if self._seek_fd is None:
             with self._conn_lock:
@@ -1689,7 +1689,6 @@ def conform_ops(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
 
 #: What SQLite calls a rowid table's rowid (unless a column takes the name).
 _ROWID_NAMES = ("rowid", "_rowid_", "oid")
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _pid_of(global_id: pl.Expr) -> pl.Expr:
