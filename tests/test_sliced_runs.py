@@ -6,6 +6,7 @@ first file, a file that states another rank than its name), the 4×H200 bundle a
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import traceguard.metrics.sliced as sliced_module
-from tests.conftest import OWN, PUBLIC
+from tests.conftest import OWN, PUBLIC, public_nsys
 from tests.test_mapreduce import CASES, _private_cache, _same, _whole_in_memory, cases  # noqa: F401
 from traceguard import mapreduce, pipeline
 from traceguard.cli import app
@@ -667,3 +668,36 @@ def test_an_error_in_the_launch_passes_beside_the_steps_is_the_analysis_error(
     with pytest.raises(NoUsableInputError, match="API tables could not be read"):
         pipeline.analyze(inputs, scheduler="serial", sliced_above=0)
     assert threads and threads[0].startswith("traceguard-small")
+
+
+@pytest.mark.parametrize("fixture", ["mfu_2gpu_before", "report1.sqlite__at_ee4fcf3"])
+def test_the_reading_thread_takes_pieces_of_a_long_nvtx_read(
+    unpacked: Callable[[Path], Path], sliced_ranks: list[int], monkeypatch: pytest.MonkeyPatch, fixture: str
+) -> None:
+    """While the NVTX table is read on a thread, the thread that reads the file's slices, once it
+    has nothing else to do (the kernel sequences of a file of several ranks read; the first slice
+    of a file of one), takes pieces of that read (``SlicedNsys.help_read_nvtx``); the report is
+    the whole read's. Here the table's thread is slowed so that the other surely catches it up:
+    nsys-ai's two-rank per-op capture, and a one-process capture of NVIDIA's Fuser."""
+    from traceguard.ingest import nsys_sqlite
+
+    inputs = [str(unpacked(public_nsys(fixture)))]
+    whole = pipeline.analyze(inputs, scheduler="serial", sliced_above=1 << 40).report
+    monkeypatch.setattr(mapreduce, "OVERLAP_NVTX_ROWS", 0)
+    monkeypatch.setattr(nsys_sqlite, "NVTX_PIECE_ROWS", 500)
+    helped: list[int] = []
+    bulk = nsys_sqlite._Reader.bulk
+
+    def paced(self: nsys_sqlite._Reader, table: str, *args: Any, **kwargs: Any) -> Any:
+        if table == nsys_sqlite.NVTX:
+            if threading.current_thread() is threading.main_thread():
+                helped.append(1)
+            else:
+                time.sleep(0.02)
+        return bulk(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(nsys_sqlite._Reader, "bulk", paced)
+    sliced = pipeline.analyze(inputs, scheduler="serial", sliced_above=0).report
+    assert sliced_ranks
+    assert helped, "the reading thread took no piece of the NVTX read"
+    assert _same(sliced) == _same(whole)

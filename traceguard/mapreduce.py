@@ -513,9 +513,13 @@ def _map_sliced(task: MapTask, path: Path, outcome: MapOutcome, *, report: bool 
                     if early.read_all and not busy.done():
                         # The launch join's passes on a thread of their own, on past the NVTX
                         # read, beside the ranks' steps: on this thread they ran 0.25-0.3 s past
-                        # it (the per-op NVTX shape).
+                        # it (the per-op NVTX shape). This thread, its sequences read, takes
+                        # what is left of the NVTX table's pieces beside that read's own thread.
                         launch_passes.start(pool, source)
+                        source.help_read_nvtx()
                     busy.result()
+            elif pending is not None:
+                source.help_read_nvtx()  # the first slice is read: this thread has nothing else to do
             small = with_rank_hint(pending.result() if pending is not None else reading())
             pending = busy = None  # the future no longer holds the capture (its ranges are let go below)
             if early is not None:

@@ -7,13 +7,17 @@ the frames are compared with a plain in-process read of the same file.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import OWN, PUBLIC_NSYS, public_nsys
+from traceguard.errors import InputError
 from traceguard.ingest import nsys_sqlite
 from traceguard.ingest.nsys_sqlite import read_nsys_sqlite
+from traceguard.ingest.sqlite_safe import open_readonly
 
 FRAMES = ("gpu_ops", "api_calls", "ranges", "devices", "processes", "strings")
 CASES = [public_nsys("h100_2gpu_1s"), public_nsys("saxpy"), OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"]
@@ -151,3 +155,117 @@ def test_a_table_up_to_the_largest_rowid_splits_the_same(unpacked, tmp_path: Pat
     assert parallel.api_calls.height == serial.api_calls.height
     for name in FRAMES:
         assert getattr(parallel, name).equals(getattr(serial, name)), name
+
+
+# -- the NVTX table read in pieces, by its own thread and another (``_Reader.help_read_nvtx``) --
+
+NVTX_CASES = [*PUBLIC_NSYS, OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz"]
+
+
+def _nvtx_reader(db: Path) -> nsys_sqlite._Reader:
+    return nsys_sqlite._Reader(open_readonly(db), db, str(db))
+
+
+def _nvtx_read(db: Path, piece_rows: int, monkeypatch: pytest.MonkeyPatch, *, helped: bool = False):
+    """``nvtx_rows`` of a fresh reader with pieces of ``piece_rows`` rowids, and the pieces read
+    (one mark each); ``helped``: a second thread takes pieces as well while the read runs (as the
+    sliced map's reading thread does), and the marks are the pieces it took."""
+    with monkeypatch.context() as m:
+        m.setattr(nsys_sqlite, "NVTX_PIECE_ROWS", piece_rows)
+        reader = _nvtx_reader(db)
+        taken: list[int] = []
+        real_bulk = reader.bulk
+        if not helped:
+
+            def counted(*args, **kwargs):
+                taken.append(1)
+                return real_bulk(*args, **kwargs)
+
+            m.setattr(reader, "bulk", counted)
+            try:
+                return reader.nvtx_rows(), taken
+            finally:
+                reader.close()
+        started, go = threading.Event(), threading.Event()
+
+        def bulk(*args, **kwargs):
+            # Each piece waits until the helper runs, so that both threads take pieces.
+            if threading.current_thread() is threading.main_thread():
+                started.set()
+                go.wait(5)
+            else:
+                taken.append(1)
+            return real_bulk(*args, **kwargs)
+
+        m.setattr(reader, "bulk", bulk)
+
+        def helper() -> None:
+            started.wait(5)
+            go.set()
+            reader.help_read_nvtx()
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        try:
+            return reader.nvtx_rows(), taken
+        finally:
+            thread.join()
+            reader.close()
+
+
+@pytest.mark.parametrize("gz", NVTX_CASES, ids=lambda p: p.name[-50:])
+def test_nvtx_pieces_read_the_single_read_s_rows(gz: Path, unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read in rowid pieces (a few rows each, so that every real capture here has many), by one
+    thread or by two, the NVTX table gives the single read's frame and folded counts exactly:
+    nsys-ai's per-op captures fold 95 % of their rows, so the pieces' counts are summed per
+    thread across pieces."""
+    db = unpacked(gz)
+    (whole_rows, whole_folded), _ = _nvtx_read(db, 10**12, monkeypatch)
+    span = whole_rows.height + (whole_folded["ranges"].sum() if whole_folded.height else 0)
+    if span < 8:
+        pytest.skip("too few NVTX rows to cut")
+    piece = max(1, span // 7)
+    for helped in (False, True):
+        (rows, folded), taken = _nvtx_read(db, piece, monkeypatch, helped=helped)
+        assert rows.equals(whole_rows), helped
+        assert folded.equals(whole_folded), helped
+        assert len(taken) >= (1 if helped else 4), "not read in pieces, or not by both threads"
+
+
+def test_a_piece_s_error_is_the_read_s(unpacked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece that fails (here the third, whichever thread reads it) fails the read on its own
+    thread with that error, after the pieces other threads took have ended; the helping thread
+    is not the one that raises."""
+    db = unpacked(public_nsys("mfu_2gpu_before"))
+    monkeypatch.setattr(nsys_sqlite, "NVTX_PIECE_ROWS", 50)
+    reader = _nvtx_reader(db)
+    calls: list[int] = []
+    real_bulk = reader.bulk
+
+    def bulk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise InputError("the third piece is damaged")
+        return real_bulk(*args, **kwargs)
+
+    monkeypatch.setattr(reader, "bulk", bulk)
+    helped: list[BaseException] = []
+
+    def helper() -> None:
+        try:
+            while not calls:
+                time.sleep(0.001)
+            reader.help_read_nvtx()
+        except BaseException as exc:  # the test's own check: nothing may reach here
+            helped.append(exc)
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    try:
+        with pytest.raises(InputError, match="third piece"):
+            reader.nvtx_rows()
+    finally:
+        thread.join()
+        reader.close()
+    assert not helped
+    assert reader._nvtx_read is None  # no read left to help

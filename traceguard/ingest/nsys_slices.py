@@ -265,6 +265,11 @@ class SlicedNsys:
                 seen.update(pid for (pid,) in found if pid is not None)
         return len(seen)
 
+    def help_read_nvtx(self) -> None:
+        """Take pieces of the NVTX table's read that :meth:`small_capture` is making on another
+        thread, until none is left (``_Reader.help_read_nvtx``; nothing when it is not reading)."""
+        self._reader.help_read_nvtx()
+
     def nvtx_rows(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """What this read read of the NVTX table (``_Reader.nvtx_rows``): for a whole read of the
         same file (``read_nsys_sqlite(nvtx_rows=...)``), which then does not read it again."""

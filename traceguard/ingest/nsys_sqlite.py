@@ -31,8 +31,9 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import polars as pl
@@ -51,7 +52,7 @@ from traceguard.ingest.sqlite_safe import (
     table_columns,
     wrap_sqlite_error,
 )
-from traceguard.memory import usable_cores
+from traceguard.memory import release_heap, usable_cores
 from traceguard.model import Capture
 
 try:  # the declared dependency; the sqlite3 path below is the (slow) fallback
@@ -156,6 +157,10 @@ _INT_BATCH_ROWS = 1 << 30
 PARALLEL_API_ROWS = 2_000_000
 #: SQLite's largest rowid: a range's exclusive end cannot pass it.
 _HIGHEST_ROWID = (1 << 63) - 1
+#: What one piece of a :class:`_SharedRead` gives.
+_Piece = TypeVar("_Piece")
+#: Rowids of the NVTX table a piece of its read takes (:meth:`_Reader.help_read_nvtx`).
+NVTX_PIECE_ROWS = 2_000_000
 #: The worker's share of the largest API table. The worker starts an interpreter (≈0.5 s) and
 #: reads only API rows; this process reads the GPU and NVTX tables (≈ as many bytes as 70% of the
 #: API rows on real captures) and then the rest.
@@ -330,6 +335,8 @@ class _Reader:
         self.not_utf8: dict[str, int] = {}
         #: :meth:`nvtx_rows`, once read (or handed over from another reader of the file).
         self._nvtx: tuple[pl.DataFrame, pl.DataFrame] | None = None
+        #: The NVTX table's read in progress, whose pieces other threads may take (:meth:`help_read_nvtx`).
+        self._nvtx_read: _SharedRead[tuple[pl.DataFrame, list[tuple[int | None, int]]]] | None = None
         #: The file opened read-only for :meth:`first_row`'s b-tree seeks, once one is made.
         self._seek_fd: int | None = None
 
@@ -1386,9 +1393,8 @@ class _Reader:
             spec.append(("payload", "binaryData", _BLOB))
         thread = "globalTid" if "globalTid" in cols else None
         skip = Skip("text", OP_RANGE_PREFIX, thread, operators=True) if "text" in cols else None
-        skipped: list[tuple[int | None, int]] = []
         kinds = (NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE)
-        frame = self.bulk(NVTX, spec, Rows(column="eventType", values=kinds, skip=skip), skipped)
+        frame, skipped = self._nvtx_in_pieces(spec, Rows(column="eventType", values=kinds, skip=skip))
         # (A domain whose name starts with the prefix would be folded with the ranges: PyTorch
         # names none so, and its ranges would be counted all the same.)
         if skipped:
@@ -1404,6 +1410,67 @@ class _Reader:
             )
         self._nvtx = frame, folded
         return self._nvtx
+
+    def _nvtx_in_pieces(
+        self, spec: list[tuple[str, str, str]], rows: Rows
+    ) -> tuple[pl.DataFrame, list[tuple[int | None, int]]]:
+        """:meth:`bulk` of ``rows`` of the NVTX table, with its skipped pairs: in rowid pieces of
+        :data:`NVTX_PIECE_ROWS` when the table spans more than two, which this thread takes in
+        turn and so may another (:meth:`help_read_nvtx`), put together in rowid order (the same
+        rows, and the same pairs once :meth:`nvtx_rows` adds them up by key). A per-op capture's
+        table is most of its file, and its read is what the sliced map waits for once its other
+        threads have read the kernel sequences (traceguard.mapreduce): on the per-op NVTX shape of
+        ``bench/RESULTS.md`` (48 M rows, 24 pieces), the reading thread took 5-7 of them."""
+        rowid = next((n for n in _ROWID_NAMES if n not in self.columns(NVTX)), None)
+        span = self.rowid_bounds(NVTX, rowid) if rowid is not None else None
+        if span is None or span[1] - span[0] + 1 <= 2 * NVTX_PIECE_ROWS or span[1] >= _HIGHEST_ROWID:
+            skipped: list[tuple[int | None, int]] = []
+            return self.bulk(NVTX, spec, rows, skipped), skipped
+
+        def piece(lo: int, hi: int) -> Callable[[], tuple[pl.DataFrame, list[tuple[int | None, int]]]]:
+            def read() -> tuple[pl.DataFrame, list[tuple[int | None, int]]]:
+                mine: list[tuple[int | None, int]] = []
+                return self.bulk(NVTX, spec, replace(rows, ranges=((lo, hi),), rowid=rowid), mine), mine
+
+            return read
+
+        first, last = span
+        bounds = [*range(first, last + 1, NVTX_PIECE_ROWS), last + 1]
+        shared = _SharedRead([piece(lo, hi) for lo, hi in itertools.pairwise(bounds)])
+        self._nvtx_read = shared
+        try:
+            parts = shared.results()
+        finally:
+            self._nvtx_read = None
+        frame = pl.concat([frame for frame, _ in parts], rechunk=True)
+        skipped = [pair for _, pairs in parts for pair in pairs]
+        # The pieces' columns came from the C heap a few MB at a time (one read's are mapped
+        # and unmapped whole): freed in its arenas, they stayed resident beside the rest of the
+        # analysis (+60-80 MB through the per-op NVTX shape's read) unless handed back now.
+        del parts, shared
+        release_heap()
+        return frame, skipped
+
+    def help_read_nvtx(self) -> None:
+        """Take pieces of the NVTX table's read in progress on another thread (:meth:`nvtx_rows`)
+        until none is left; nothing when none is in progress. A piece's error is raised by that
+        read, not here."""
+        shared = self._nvtx_read
+        if shared is not None:
+            shared.help()
+
+    def rowid_bounds(self, table: str, rowid: str) -> tuple[int, int] | None:
+        """``table``'s first and last rowid (None when it is empty or SQLite cannot say): two
+        queries, each answered from one end of its b-tree (a lone min() or max() of the rowid)."""
+        quoted = table.replace('"', '""')
+        try:
+            low = self.small(f'SELECT min({rowid}) FROM "{quoted}"')[0][0]
+            high = self.small(f'SELECT max({rowid}) FROM "{quoted}"')[0][0]
+        except sqlite3.Error:
+            return None
+        if not isinstance(low, int) or not isinstance(high, int):
+            return None
+        return low, high
 
     def ranges(
         self, strings: pl.DataFrame, domains: dict[int, str], *, keep_rows: bool = True
@@ -1810,6 +1877,47 @@ def _api_calls_worker(argv: list[str]) -> None:
         partial.rename(target)
     finally:
         reader.close()
+
+
+class _SharedRead(Generic[_Piece]):
+    """One read cut into pieces that several threads take in turn: the thread that owns it
+    (:meth:`results`) and any other that :meth:`help` s while pieces are left. The results come
+    in piece order, whoever read them; an error is raised by :meth:`results` (the first in piece
+    order), after every piece taken has ended."""
+
+    def __init__(self, pieces: Sequence[Callable[[], _Piece]]) -> None:
+        self._pieces = list(pieces)
+        self._done: list[tuple[bool, Any]] = [(False, None)] * len(self._pieces)
+        self._next = 0
+        self._ended = 0
+        self._lock = threading.Condition()
+
+    def help(self) -> None:
+        """Read pieces until none is left to take (errors are kept for :meth:`results`)."""
+        while True:
+            with self._lock:
+                at = self._next
+                if at >= len(self._pieces):
+                    return
+                self._next = at + 1
+            try:
+                outcome: tuple[bool, Any] = (True, self._pieces[at]())
+            except BaseException as exc:  # raised by results(), on the owning thread
+                outcome = (False, exc)
+            with self._lock:
+                self._done[at] = outcome
+                self._ended += 1
+                self._lock.notify_all()
+
+    def results(self) -> list[_Piece]:
+        """Every piece's result in order, once each has been read (this thread reads too)."""
+        self.help()
+        with self._lock:
+            self._lock.wait_for(lambda: self._ended == len(self._pieces))
+        for ok, value in self._done:
+            if not ok:
+                raise value
+        return [value for _ok, value in self._done]
 
 
 class _PendingApiCalls:
