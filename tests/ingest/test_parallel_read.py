@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import OWN, PUBLIC_NSYS, public_nsys
+from tests.conftest import OWN, PUBLIC_NSYS, needs_native, public_nsys
 from traceguard.errors import InputError
 from traceguard.ingest import nsys_sqlite
 from traceguard.ingest.nsys_sqlite import read_nsys_sqlite
@@ -110,8 +110,7 @@ def test_a_read_that_shares_its_cores_starts_no_worker(unpacked, monkeypatch: py
 def test_this_process_reads_its_part_by_the_b_tree(launches_only: bool, unpacked, monkeypatch) -> None:
     """The rows the worker leaves are a rowid range that this process reads through the b-tree
     reader (as SQL, ``rowid > cut``, SQLite read them at 2.5x the worker's time a row)."""
-    if not hasattr(nsys_sqlite._int_scan, "table"):
-        pytest.skip("the C reader is not built")
+    needs_native(hasattr(nsys_sqlite._int_scan, "table"), "traceguard.ingest._int_scan")
     db = unpacked(OWN / "h200" / "p2p_nsys" / "cap_0.sqlite.gz")
     with monkeypatch.context() as m:
         m.setattr(nsys_sqlite, "PARALLEL_API_ROWS", 10**18)
@@ -273,3 +272,37 @@ def test_a_piece_s_error_is_the_read_s(unpacked, monkeypatch: pytest.MonkeyPatch
         reader.close()
     assert not helped
     assert reader._nvtx_read is None  # no read left to help
+
+
+def test_a_shared_read_gives_pieces_in_order_and_raises_the_first_error() -> None:
+    """Whoever reads them, the pieces come back in their order; errors wait for the pieces taken
+    to end and the first in piece order is raised by the owner; an interrupt stops the thread it
+    met at once (the owner raises it too)."""
+    order = [lambda i=i: i for i in range(6)]
+    shared = nsys_sqlite._SharedRead(order)
+    helper = threading.Thread(target=shared.help)
+    helper.start()
+    assert shared.results() == list(range(6))
+    helper.join()
+
+    def fail(message: str):
+        def piece():
+            raise InputError(message)
+
+        return piece
+
+    with pytest.raises(InputError, match="second"):
+        nsys_sqlite._SharedRead([lambda: 0, fail("second"), fail("third")]).results()
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    ran: list[int] = []
+    pieces = [interrupt, lambda: ran.append(1)]
+    shared = nsys_sqlite._SharedRead(pieces)
+    with pytest.raises(KeyboardInterrupt):
+        shared.help()  # a helper meets the interrupt: raised here, the next piece left
+    assert ran == []
+    with pytest.raises(KeyboardInterrupt):
+        shared.results()  # the owner reads what is left, then raises it as well
+    assert ran == [1]

@@ -1883,7 +1883,8 @@ class _SharedRead(Generic[_Piece]):
     """One read cut into pieces that several threads take in turn: the thread that owns it
     (:meth:`results`) and any other that :meth:`help` s while pieces are left. The results come
     in piece order, whoever read them; an error is raised by :meth:`results` (the first in piece
-    order), after every piece taken has ended."""
+    order), after every piece taken has ended. An interrupt (a ``BaseException`` that is not an
+    ``Exception``: Ctrl-C) is raised at once on the thread it met as well, not after the rest."""
 
     def __init__(self, pieces: Sequence[Callable[[], _Piece]]) -> None:
         self._pieces = list(pieces)
@@ -1908,6 +1909,8 @@ class _SharedRead(Generic[_Piece]):
                 self._done[at] = outcome
                 self._ended += 1
                 self._lock.notify_all()
+            if not outcome[0] and not isinstance(outcome[1], Exception):
+                raise outcome[1]
 
     def results(self) -> list[_Piece]:
         """Every piece's result in order, once each has been read (this thread reads too)."""
